@@ -1,0 +1,7 @@
+"""Node classes; one file per node family."""
+from .loader import VAEKitLoad
+from .tiled import VAEKitTiledDecode, VAEKitTiledEncode
+
+NODES = (VAEKitLoad, VAEKitTiledEncode, VAEKitTiledDecode)
+NODE_CLASS_MAPPINGS = {cls.__name__: cls for cls in NODES}
+NODE_DISPLAY_NAME_MAPPINGS = {cls.__name__: cls.DISPLAY_NAME for cls in NODES}

@@ -1,0 +1,27 @@
+"""ComfyUI data <-> library tensors: IMAGE is [N, H, W, C] float32 0..1 on the intermediate
+device, LATENT is a dict whose 'samples' we replace (other keys such as noise_mask and
+batch_index are kept)."""
+from __future__ import annotations
+
+import torch
+
+
+def image_to_bchw(image: torch.Tensor) -> torch.Tensor:
+    return image.movedim(-1, 1)
+
+
+def bchw_to_image(x: torch.Tensor) -> torch.Tensor:
+    return x.movedim(1, -1).contiguous()
+
+
+def latent_out(latent_in: dict | None, samples: torch.Tensor) -> dict:
+    out = dict(latent_in) if latent_in else {}
+    out["samples"] = samples
+    return out
+
+
+def center_crop_to_multiple(image: torch.Tensor, r: int) -> torch.Tensor:
+    """Core's rule for its own VAE Encode (a core node calling our VAE keeps core's behaviour)."""
+    h, w = image.shape[1] // r * r, image.shape[2] // r * r
+    y, x = (image.shape[1] % r) // 2, (image.shape[2] % r) // 2
+    return image[:, y:y + h, x:x + w]

@@ -1,0 +1,255 @@
+"""Run an API-format workflow (what ComfyUI's POST /prompt takes) in-process, without ComfyUI.
+
+The graph may use this pack's nodes and the few core nodes our workflows need, replaced here by
+stand-ins with the same inputs and outputs (LoadImage, SaveImage, PreviewImage, LoadLatent,
+SaveLatent). ``validate_prompt`` is the same check ComfyUI makes before it runs a prompt: known
+classes, required inputs, link types, INT/FLOAT ranges and combo values."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..vae.imageio import read_image, write_image
+from ..vae.latents import read_latent_file, write_latent_file
+from . import NODE_CLASS_MAPPINGS
+
+
+def _files(folder: Optional[Path], suffixes: tuple[str, ...]) -> list[str]:
+    if folder is None or not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.suffix.lower() in suffixes)
+
+
+class _Dirs:
+    input: Optional[Path] = None
+    output: Optional[Path] = None
+    counter: dict[str, int] = {}
+
+
+def _save_name(prefix: str, ext: str) -> Path:
+    _Dirs.output.mkdir(parents=True, exist_ok=True)
+    n = _Dirs.counter.get(prefix, 0) + 1
+    _Dirs.counter[prefix] = n
+    path = _Dirs.output / f"{prefix}_{n:05d}_{ext}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class LoadImage:
+    RETURN_TYPES, FUNCTION = ("IMAGE", "MASK"), "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": (_files(_Dirs.input, (".png", ".jpg", ".jpeg", ".webp", ".npy")),)}}
+
+    def load(self, image):
+        img = read_image(_Dirs.input / image)[None]
+        return img, torch.zeros(img.shape[:3])
+
+
+class SaveImage:
+    RETURN_TYPES, FUNCTION, OUTPUT_NODE = (), "save", True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING", {"default": "ComfyUI"})}}
+
+    def save(self, images, filename_prefix="ComfyUI"):
+        paths = []
+        for img in images:
+            path = _save_name(filename_prefix, ".png")
+            write_image(path, img)
+            paths.append(str(path))
+        return {"ui": {"images": paths}}
+
+
+class PreviewImage(SaveImage):
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE",)}}
+
+    def save(self, images, filename_prefix="preview"):
+        return super().save(images, "preview")
+
+
+class LoadLatent:
+    RETURN_TYPES, FUNCTION = ("LATENT",), "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"latent": (_files(_Dirs.input, (".latent",)),)}}
+
+    def load(self, latent):
+        return ({"samples": read_latent_file(_Dirs.input / latent)},)
+
+
+class SaveLatent:
+    RETURN_TYPES, FUNCTION, OUTPUT_NODE = (), "save", True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "filename_prefix": ("STRING", {"default": "latents/ComfyUI"})}}
+
+    def save(self, samples, filename_prefix="latents/ComfyUI"):
+        path = _save_name(filename_prefix, ".latent")
+        write_latent_file(path, samples["samples"])
+        return {"ui": {"latents": [str(path)]}}
+
+
+# Core's VAE nodes, making exactly the calls core makes on whatever is on the VAE socket: running
+# them in-process checks that our VAE honours core's duck-typed contract.
+class VAEDecode:
+    RETURN_TYPES, FUNCTION = ("IMAGE",), "decode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "vae": ("VAE",)}}
+
+    def decode(self, samples, vae):
+        images = vae.decode(samples["samples"])
+        return (images.reshape(-1, *images.shape[-3:]) if images.dim() == 5 else images,)
+
+
+class VAEDecodeTiled(VAEDecode):
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "vae": ("VAE",),
+                             "tile_size": ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32}),
+                             "overlap": ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32}),
+                             "temporal_size": ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4}),
+                             "temporal_overlap": ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4})}}
+
+    def decode(self, samples, vae, tile_size, overlap=64, temporal_size=64, temporal_overlap=8):
+        overlap = tile_size // 4 if tile_size < overlap * 4 else overlap
+        c = vae.spacial_compression_decode()
+        images = vae.decode_tiled(samples["samples"], tile_x=tile_size // c, tile_y=tile_size // c,
+                                  overlap=overlap // c, tile_t=temporal_size, overlap_t=temporal_overlap)
+        return (images.reshape(-1, *images.shape[-3:]) if images.dim() == 5 else images,)
+
+
+class VAEEncode:
+    RETURN_TYPES, FUNCTION = ("LATENT",), "encode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"pixels": ("IMAGE",), "vae": ("VAE",)}}
+
+    def encode(self, pixels, vae):
+        return ({"samples": vae.encode(pixels[:, :, :, :3])},)
+
+
+class VAELoader:
+    """Signature only: core's loader builds a comfy.sd.VAE, which needs a real ComfyUI."""
+    RETURN_TYPES, FUNCTION = ("VAE",), "load_vae"
+    NEEDS_COMFYUI = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"vae_name": ([],)}}   # choices live on the user's disk
+
+    def load_vae(self, vae_name):
+        raise RuntimeError("core VAELoader needs ComfyUI; run this workflow in ComfyUI")
+
+
+CORE_STANDINS = {c.__name__: c for c in (LoadImage, SaveImage, PreviewImage, LoadLatent, SaveLatent,
+                                         VAEDecode, VAEDecodeTiled, VAEEncode, VAELoader)}
+
+
+def node_classes() -> dict[str, type]:
+    return {**CORE_STANDINS, **NODE_CLASS_MAPPINGS}
+
+
+def _is_link(v) -> bool:
+    return isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], int)
+
+
+def validate_prompt(prompt: dict, classes: Optional[dict] = None) -> list[str]:
+    """Every problem ComfyUI's validation would report, as readable lines (empty: valid)."""
+    classes = classes or node_classes()
+    errors = []
+    if not any(getattr(classes.get(n.get("class_type")), "OUTPUT_NODE", False) for n in prompt.values()):
+        errors.append("prompt has no output node (ComfyUI rejects it: 'Prompt has no outputs')")
+    for nid, node in prompt.items():
+        cls = classes.get(node.get("class_type"))
+        if cls is None:
+            errors.append(f"#{nid}: unknown node class '{node.get('class_type')}'")
+            continue
+        inputs = node.get("inputs", {})
+        spec = cls.INPUT_TYPES()
+        for name, decl in spec.get("required", {}).items():
+            if name not in inputs:
+                errors.append(f"#{nid} {node['class_type']}: required input '{name}' missing")
+                continue
+            errors += [f"#{nid} {node['class_type']}.{name}: {e}" for e in _check_value(inputs[name], decl, prompt, classes)]
+        declared = set(spec.get("required", {})) | set(spec.get("optional", {}))
+        errors += [f"#{nid} {node['class_type']}: unknown input '{n}'" for n in inputs if n not in declared]
+    return errors
+
+
+def _check_value(value, decl, prompt, classes) -> list[str]:
+    kind, opts = decl[0], (decl[1] if len(decl) > 1 else {})
+    if _is_link(value):
+        src = prompt.get(value[0])
+        if src is None:
+            return [f"linked to missing node {value[0]}"]
+        out_types = classes[src["class_type"]].RETURN_TYPES if src.get("class_type") in classes else ()
+        if value[1] >= len(out_types):
+            return [f"linked to output {value[1]} of {src.get('class_type')}, which has {len(out_types)}"]
+        got = out_types[value[1]]
+        want = kind if isinstance(kind, str) else "COMBO"
+        return [] if got == want or "*" in (got, want) else [f"type mismatch: {got} into {want}"]
+    if isinstance(kind, list):
+        if not kind:   # a folder listing we cannot see here: any file name
+            return [] if isinstance(value, str) else [f"expected a file name, got {value!r}"]
+        return [] if value in kind else [f"value {value!r} not in {kind[:6]}{'...' if len(kind) > 6 else ''}"]
+    if kind in ("INT", "FLOAT"):
+        if not isinstance(value, (int, float)) or (kind == "INT" and not float(value).is_integer()):
+            return [f"expected {kind}, got {value!r}"]
+        if "min" in opts and value < opts["min"]:
+            return [f"value {value} smaller than min {opts['min']}"]
+        if "max" in opts and value > opts["max"]:
+            return [f"value {value} bigger than max {opts['max']}"]
+        return []
+    if kind == "STRING":
+        return [] if isinstance(value, str) else [f"expected STRING, got {value!r}"]
+    if kind == "BOOLEAN":
+        return [] if isinstance(value, bool) else [f"expected BOOLEAN, got {value!r}"]
+    return [f"data input {kind} given a literal {value!r}"]
+
+
+def run_prompt(prompt: dict, input_dir=None, output_dir=None, model_dirs=None) -> dict[str, Any]:
+    """Validate, then execute the graph in dependency order; returns each output node's 'ui'."""
+    _Dirs.input = Path(input_dir) if input_dir else None
+    _Dirs.output = Path(output_dir or "output")
+    _Dirs.counter = {}
+    if model_dirs:
+        os.environ["VAEKIT_MODEL_DIRS"] = os.pathsep.join(str(d) for d in model_dirs)
+    classes = node_classes()
+    errors = validate_prompt(prompt, classes)
+    if errors:
+        raise ValueError("invalid workflow:\n  " + "\n  ".join(errors))
+    results: dict[str, Any] = {}
+    ui: dict[str, Any] = {}
+
+    def run(nid: str, stack=()):
+        if nid in results:
+            return results[nid]
+        if nid in stack:
+            raise ValueError(f"workflow has a cycle through node {nid}")
+        node = prompt[nid]
+        args = {k: (run(v[0], stack + (nid,))[v[1]] if _is_link(v) else v) for k, v in node["inputs"].items()}
+        cls = classes[node["class_type"]]
+        with torch.inference_mode():
+            out = getattr(cls(), cls.FUNCTION)(**args)
+        if isinstance(out, dict):
+            ui[nid] = out.get("ui", {})
+            out = out.get("result", ())
+        results[nid] = out
+        return out
+
+    for nid in prompt:
+        run(nid)
+    return ui

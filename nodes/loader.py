@@ -1,0 +1,49 @@
+"""VAE Load: any supported VAE file, family and hyperparameters detected from its keys."""
+from __future__ import annotations
+
+from ..vae import load
+from ..vae.errors import LoadError
+from . import _comfy
+from .base import CATEGORY, names_node
+from .socket import VAEKitVAE
+
+
+class VAEKitLoad:
+    DISPLAY_NAME = "VAE Load (VAEKit)"
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("VAE",)
+    RETURN_NAMES = ("vae",)
+    OUTPUT_TOOLTIPS = ("The VAE; core VAE Decode/Encode nodes accept it too.",)
+    FUNCTION = "load"
+    DESCRIPTION = ("Loads an image VAE (AutoencoderKL for SD1.x/SD2.x/SDXL/SD3/Flux.1, the TAESD family) from "
+                   "the 'vae' or 'vae_approx' folder, in the original, ComfyUI or diffusers key layout. "
+                   ".pth/.ckpt files are read without running pickled code.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "vae_name": (_comfy.vae_choices(), {
+                "tooltip": "A file from models/vae, or a TAESD encoder/decoder pair from models/vae_approx "
+                           "(listed once by its name, e.g. 'taef2')."}),
+            "dtype": (["auto", "fp32", "bf16", "fp16"], {
+                "default": "auto",
+                "tooltip": "Weights and compute precision. auto: ComfyUI's VAE choice (fp32 on CPU, bf16 on "
+                           "recent GPUs). fp16 can overflow on SD/SDXL VAEs."}),
+            "device": (["auto", "cpu", "cuda"], {
+                "default": "auto", "tooltip": "Where the VAE runs. auto: ComfyUI's VAE device."}),
+        }}
+
+    @names_node
+    def load(self, vae_name: str, dtype: str = "auto", device: str = "auto"):
+        try:
+            path, hint = _comfy.resolve_vae(vae_name)
+        except FileNotFoundError as e:
+            raise LoadError(str(e), input="vae_name",
+                            fix="put the file in models/vae (or the pair in models/vae_approx) and refresh.") from None
+        dev = _comfy.compute_device(device)
+        try:
+            handle = load(path, name_hint=hint)
+        except LoadError as e:
+            raise e.for_node(self.DISPLAY_NAME, "vae_name")
+        handle.to(dev, _comfy.pick_dtype(dtype, dev, handle.caps.working_dtypes))
+        return (VAEKitVAE(handle),)

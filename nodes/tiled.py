@@ -1,0 +1,96 @@
+"""Tiled Decode and Tiled Encode through the one tiling engine."""
+from __future__ import annotations
+
+import torch
+
+from ..vae.errors import InputError
+from . import _comfy
+from .base import CATEGORY, names_node
+from .convert import bchw_to_image, image_to_bchw, latent_out
+from .socket import as_engine
+
+_TILE = ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32,
+                 "tooltip": "Tile size in pixels. Each tile covers about this much plus the overlap it shares with "
+                            "its neighbours; an image no larger than this is processed in one untiled pass. "
+                            "Smaller tiles use less memory."})
+_OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
+                    "tooltip": "Pixels shared by neighbouring tiles and blended (at most half the tile). "
+                               "More overlap hides seams better and costs a little more time."})
+_TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4,
+                     "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; ignored by image VAEs."})
+_TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4,
+                             "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs; "
+                                        "ignored by image VAEs."})
+
+
+class VAEKitTiledDecode:
+    DISPLAY_NAME = "Tiled Decode (VAEKit)"
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("IMAGE",)
+    OUTPUT_TOOLTIPS = ("Decoded images [N, H, W, 3] in 0..1.",)
+    FUNCTION = "decode"
+    DESCRIPTION = ("Decodes a LATENT tile by tile into one preallocated image: memory is bounded by the tile, "
+                   "time stays close to an untiled decode (one pass, no repeated passes).")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "samples": ("LATENT", {"tooltip": "The latent to decode (e.g. from a KSampler)."}),
+            "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
+            "tile_size": _TILE, "overlap": _OVERLAP,
+            "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP,
+        }}
+
+    @names_node
+    def decode(self, samples, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8):
+        engine = as_engine(vae, self.DISPLAY_NAME)
+        z = _latent_tensor(samples)
+        _prepare(engine)
+        images = engine.decode(z, tile=tile_size, overlap=overlap, progress=_comfy.progress_callback(),
+                               out_device=_comfy.intermediate_device())
+        return (bchw_to_image(images),)
+
+
+class VAEKitTiledEncode:
+    DISPLAY_NAME = "Tiled Encode (VAEKit)"
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LATENT",)
+    OUTPUT_TOOLTIPS = ("The latent, in the layout the VAE's diffusion model expects.",)
+    FUNCTION = "encode"
+    DESCRIPTION = "Encodes images tile by tile into one preallocated latent; memory is bounded by the tile."
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "pixels": ("IMAGE", {"tooltip": "Images [N, H, W, 3] in 0..1; sides must be multiples of the VAE's "
+                                            "compression (8 for SD/Flux.1 VAEs, 16 for Flux.2's packed latents)."}),
+            "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
+            "tile_size": _TILE, "overlap": _OVERLAP,
+            "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP,
+        }}
+
+    @names_node
+    def encode(self, pixels, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8):
+        engine = as_engine(vae, self.DISPLAY_NAME)
+        if not torch.is_tensor(pixels) or pixels.dim() != 4:
+            raise InputError(f"expected an IMAGE [N, H, W, C], got {type(pixels).__name__}"
+                             f"{tuple(pixels.shape) if torch.is_tensor(pixels) else ''}.", input="pixels")
+        _prepare(engine)
+        z = engine.encode(image_to_bchw(pixels), tile=tile_size, overlap=overlap,
+                          progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
+        return (latent_out(None, z),)
+
+
+def _latent_tensor(samples) -> torch.Tensor:
+    if not isinstance(samples, dict) or not torch.is_tensor(samples.get("samples")):
+        raise InputError("expected a LATENT (a dict with a 'samples' tensor).", input="samples",
+                         fix="connect a LATENT output (KSampler, VAE Encode, Load Latent).")
+    z = samples["samples"]
+    if getattr(z, "is_nested", False):
+        z = z.unbind()[0]
+    return z
+
+
+def _prepare(engine) -> None:
+    if hasattr(engine, "model"):
+        _comfy.prepare(engine)

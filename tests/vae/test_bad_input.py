@@ -1,0 +1,90 @@
+"""Bad input gets one clear error naming the input and the fix; nothing runs or is written."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import vae
+from helpers import diffusers_kl, diffusers_tiny
+
+
+class RunsCode:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('pwned')",))
+
+
+def test_pickle_that_would_run_code_is_refused(tmp_path):
+    marker = tmp_path / "marker"
+    path = tmp_path / "evil_vae.ckpt"
+    torch.save({"state_dict": {"decoder.conv_in.weight": torch.zeros(1)}, "payload": RunsCode(marker)}, path)
+    with pytest.raises(vae.LoadError) as e:
+        vae.load(path)
+    assert "refused" in str(e.value) and "safetensors" in str(e.value)
+    assert not marker.exists()
+
+
+def test_truncated_safetensors(tmp_path):
+    good = tmp_path / "good.safetensors"
+    save_file({k: v.contiguous() for k, v in diffusers_kl().state_dict().items()}, str(good))
+    data = good.read_bytes()
+    bad = tmp_path / "vae_truncated.safetensors"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(vae.LoadError, match="truncated.*download it again"):
+        vae.load(bad)
+    (tmp_path / "tiny.safetensors").write_bytes(b"\x01\x02")
+    with pytest.raises(vae.LoadError, match="too short"):
+        vae.load(tmp_path / "tiny.safetensors")
+
+
+def test_unknown_file_lists_families_and_first_keys(tmp_path):
+    path = tmp_path / "unet.safetensors"
+    save_file({"input_blocks.0.0.weight": torch.zeros(2, 2), "out.2.bias": torch.zeros(2)}, str(path))
+    with pytest.raises(vae.LoadError) as e:
+        vae.load(path)
+    msg = str(e.value)
+    assert "AutoencoderKL" in msg and "TAESD" in msg and "input_blocks.0.0.weight" in msg
+
+
+def test_missing_file_and_unknown_extension(tmp_path):
+    with pytest.raises(vae.LoadError, match="no file"):
+        vae.load(tmp_path / "nope.safetensors")
+    (tmp_path / "weights.onnx").write_bytes(b"x")
+    with pytest.raises(vae.LoadError, match="extension"):
+        vae.load(tmp_path / "weights.onnx")
+
+
+@pytest.fixture(scope="module")
+def sd_vae():
+    return vae.from_state_dict(diffusers_kl().state_dict())
+
+
+def test_flux_latent_into_sd_vae(sd_vae):
+    with pytest.raises(vae.InputError) as e:
+        sd_vae.decode(torch.randn(1, 16, 8, 8))
+    msg = str(e.value)
+    assert "input 'samples'" in msg and "16 channels" in msg and "takes 4" in msg and "Fix:" in msg
+
+
+def test_image_sides_not_multiple_of_ratio(sd_vae):
+    r = sd_vae.caps.spatial_ratio
+    with pytest.raises(vae.InputError) as e:
+        sd_vae.encode(torch.rand(1, 3, 4 * r + 1, 4 * r))
+    assert "input 'pixels'" in str(e.value) and f"divisible by {r}" in str(e.value) and "crop or resize" in str(e.value)
+
+
+def test_nan_latent(sd_vae):
+    z = torch.randn(1, 4, 8, 8)
+    z[0, 0, 3, 3] = float("nan")
+    with pytest.raises(vae.InputError, match="NaN/Inf.*Fix: the sampler diverged"):
+        sd_vae.decode(z)
+
+
+def test_taef2_packed_encode_needs_sides_multiple_of_16():
+    tiny = vae.from_state_dict(diffusers_tiny(latent_channels=32).state_dict(), name_hint="x")
+    assert tiny.caps.spatial_ratio_packed == 8     # no pool blocks: not taef2, not packed
+    with pytest.raises(vae.InputError, match="divisible by 8"):
+        tiny.encode(torch.rand(1, 3, 20, 16))

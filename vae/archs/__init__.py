@@ -1,0 +1,1 @@
+"""One module per VAE family; each exports ``SPEC`` (an ``ArchSpec``)."""

@@ -1,0 +1,66 @@
+"""GroupNorm with one seam for statistics computed outside the tensor it normalises.
+
+Fast tiling normalises each tile with its own statistics. Exact tiling needs the statistics of the
+whole tensor; it gets them by setting ``stats_hook`` on the norm modules (see ``set_stats_hook``),
+which receives the module and its input and returns ``(mean, var)`` per (batch, group), or None to
+fall back to the tile's own statistics. Nothing else in the library computes GroupNorm statistics.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+StatsHook = Callable[["GroupNorm", torch.Tensor], Optional[tuple[torch.Tensor, torch.Tensor]]]
+
+
+def group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Sum of x and of x^2 per (batch, group) in fp32, and the element count per group.
+
+    Sums (not means) so that tiles can be accumulated and the exact variance recovered as
+    E[x^2] - E[x]^2 over the whole tensor."""
+    b = x.shape[0]
+    flat = x.reshape(b, groups, -1).float()
+    return flat.sum(-1), flat.square().sum(-1), flat.shape[-1]
+
+
+def normalize_with_stats(x: torch.Tensor, norm: nn.GroupNorm, mean: torch.Tensor,
+                         var: torch.Tensor) -> torch.Tensor:
+    """Apply ``norm`` (groups, eps, affine) to ``x`` with given per-(batch, group) statistics."""
+    b, c = x.shape[:2]
+    g = norm.num_groups
+    inv = torch.rsqrt(var.float() + norm.eps)
+    scale = inv.reshape(b, g, 1).expand(b, g, c // g).reshape(b, c)
+    shift = (-mean.float() * inv).reshape(b, g, 1).expand(b, g, c // g).reshape(b, c)
+    if norm.weight is not None:
+        w = norm.weight.float()
+        scale = scale * w
+        shift = shift * w + norm.bias.float()
+    view = (b, c) + (1,) * (x.dim() - 2)
+    return (x.float() * scale.reshape(view) + shift.reshape(view)).to(x.dtype)
+
+
+class GroupNorm(nn.GroupNorm):
+    """``nn.GroupNorm`` (same parameters and state-dict keys) plus the statistics seam."""
+
+    stats_hook: Optional[StatsHook] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hook = self.stats_hook
+        if hook is not None:
+            stats = hook(self, x)
+            if stats is not None:
+                return normalize_with_stats(x, self, *stats)
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+def set_stats_hook(module: nn.Module, hook: Optional[StatsHook]) -> int:
+    """Install ``hook`` on every GroupNorm below ``module`` (None removes it); returns the count."""
+    n = 0
+    for m in module.modules():
+        if isinstance(m, GroupNorm):
+            m.stats_hook = hook
+            n += 1
+    return n

@@ -1,0 +1,58 @@
+"""The norm-act-conv residual block shared by the KL family (and, with a 3-D conv, the video VAEs)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .norm import GroupNorm
+
+ConvFactory = Callable[..., nn.Module]
+
+
+def conv2d_3x3(cin: int, cout: int) -> nn.Module:
+    return nn.Conv2d(cin, cout, 3, padding=1)
+
+
+def conv2d_1x1(cin: int, cout: int) -> nn.Module:
+    return nn.Conv2d(cin, cout, 1)
+
+
+class ResnetBlock(nn.Module):
+    """GroupNorm -> SiLU -> conv -> GroupNorm -> SiLU -> conv, plus a 1x1 shortcut when the width
+    changes. Canonical keys: ``norm1 conv1 norm2 conv2 nin_shortcut``."""
+
+    def __init__(self, cin: int, cout: int, groups: int = 32, eps: float = 1e-6,
+                 conv: ConvFactory = conv2d_3x3, shortcut: ConvFactory = conv2d_1x1):
+        super().__init__()
+        self.norm1 = GroupNorm(groups, cin, eps=eps)
+        self.conv1 = conv(cin, cout)
+        self.norm2 = GroupNorm(groups, cout, eps=eps)
+        self.conv2 = conv(cout, cout)
+        self.nin_shortcut = shortcut(cin, cout) if cin != cout else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # SiLU in place on the fresh norm outputs: saves one activation map per block.
+        h = self.conv1(F.silu(self.norm1(x), inplace=True))
+        h = self.conv2(F.silu(self.norm2(h), inplace=True))
+        skip = x if self.nin_shortcut is None else self.nin_shortcut(x)
+        return h.add_(skip)
+
+
+class MidBlock(nn.Module):
+    """resnet -> (attention) -> resnet at the lowest resolution (keys ``block_1 attn_1 block_2``)."""
+
+    def __init__(self, channels: int, attention: nn.Module | None, groups: int = 32, eps: float = 1e-6,
+                 conv: ConvFactory = conv2d_3x3):
+        super().__init__()
+        self.block_1 = ResnetBlock(channels, channels, groups, eps, conv)
+        self.attn_1 = attention
+        self.block_2 = ResnetBlock(channels, channels, groups, eps, conv)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.block_1(x)
+        if self.attn_1 is not None:
+            x = self.attn_1(x)
+        return self.block_2(x)

@@ -1,0 +1,25 @@
+"""The ordered list of architectures and the one detection entry point."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from .archs import kl, tiny
+from .errors import LoadError
+from .spec import ArchSpec
+
+# Order settles overlaps: the most specific key patterns first.
+REGISTRY: tuple[ArchSpec, ...] = (tiny.SPEC, kl.SPEC)
+
+
+def detect(sd: Mapping[str, torch.Tensor], source: str = "state dict") -> ArchSpec:
+    for spec in REGISTRY:
+        if spec.detect(sd):
+            return spec
+    first = ", ".join(sorted(sd.keys())[:8]) or "(no tensors)"
+    tried = ", ".join(s.name for s in REGISTRY)
+    raise LoadError(
+        f"{source} is not a VAE this pack knows. Families tried: {tried}. First keys seen: {first}.",
+        fix="load a VAE file (not a UNet/diffusion model or LoRA); full checkpoints work when their VAE keys "
+            "carry the 'first_stage_model.' or 'vae.' prefix.")

@@ -1,0 +1,49 @@
+"""What an architecture declares. Engines read these fields; none of them branches on a name."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+from torch import nn
+
+StateDict = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    latent_channels: int              # channels of the model's own latent grid
+    spatial_ratio: int                # pixels per latent pixel, each spatial axis
+    image_channels: int = 3
+    temporal_ratio: Optional[int] = None   # video VAEs only
+    value_range: tuple[float, float] = (-1.0, 1.0)   # pixel range the model works in
+    latent_pack: int = 1              # LATENTs carry pack x pack latent pixels in channels (Flux.2)
+    has_attention: bool = False
+    norm: str = "none"                # "groupnorm" (statistics over H*W) or "none"
+    can_encode: bool = True
+    can_decode: bool = True
+    default_tile: int = 512           # pixels
+    default_overlap: int = 64         # pixels
+    working_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
+
+    @property
+    def latent_channels_packed(self) -> int:
+        return self.latent_channels * self.latent_pack ** 2
+
+    @property
+    def spatial_ratio_packed(self) -> int:
+        return self.spatial_ratio * self.latent_pack
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    id: str
+    name: str
+    detect: Callable[[StateDict], bool]                    # no false negatives; order settles overlaps
+    to_canonical: Callable[[StateDict], dict]              # any known layout -> the canonical one
+    config_from_state_dict: Callable[[StateDict, Optional[str]], Any]   # (canonical sd, name hint)
+    build: Callable[[Any], nn.Module]
+    capabilities: Callable[[Any], Capabilities]
+    describe: Callable[[Any], str] = field(default=lambda cfg: "")
+    # adds tensors that the file format leaves implicit (e.g. TAESD's scale/shift, known by name)
+    complete_state_dict: Callable[[dict, Any], dict] = field(default=lambda sd, cfg: sd)
