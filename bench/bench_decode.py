@@ -29,6 +29,7 @@ import math
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,7 +112,7 @@ def _load_diffusers(weights: Path, tile):
         model.enable_tiling()
         if tile != "default":
             if not hasattr(model, "tile_sample_min_size"):
-                raise SystemExit("this diffusers has no tile_sample_min_size attribute")
+                raise SystemExit("skipped: this diffusers AutoencoderKL has no tile_sample_min_size attribute")
             model.tile_sample_min_size = tile
             # decode splits on the latent grid: keep the latent tile consistent with the pixel tile
             model.tile_latent_min_size = tile // 2 ** (len(KL_SHAPE["block_out_channels"]) - 1)
@@ -123,10 +124,12 @@ def _load_diffusers(weights: Path, tile):
         return (y / 2 + 0.5).clamp_(0, 1)          # the pipelines' [-1, 1] -> 0..1 mapping
 
     def tiles(hw):
+        """(tile count, largest tile in pixels)"""
         if tile is None or all(n <= model.tile_latent_min_size for n in hw):
-            return 1
+            return 1, [n * 8 for n in hw]
         step = int(model.tile_latent_min_size * (1 - model.tile_overlap_factor))
-        return math.prod(len(range(0, n, step)) for n in hw)
+        return (math.prod(len(range(0, n, step)) for n in hw),
+                [min(n, model.tile_latent_min_size) * 8 for n in hw])
 
     return decode, tiles, note, model
 
@@ -142,7 +145,10 @@ def _load_ours(weights: Path, tile, overlap):
         return v.decode(z, tile=tile, overlap=overlap)
 
     def tiles(hw):
-        return tiling.tile_count(v._plans(tuple(hw), tile, overlap))
+        """(tile count, largest tile in pixels)"""
+        plans = v._plans(tuple(hw), tile, overlap)
+        r = v.caps.spatial_ratio
+        return tiling.tile_count(plans), [max(b - a for a, b in p.spans) * r for p in plans]
 
     return decode, tiles, repr(v), v.model
 
@@ -184,13 +190,13 @@ def worker(args) -> None:
             cpu.append(_cpu_s() - c0)
     peak = _maxrss_kib()
     np.save(tmp / f"{args.worker}.npy", out.float().numpy())
+    n_tiles, tile_px = tiles(z.shape[-2:])
     result = dict(config=args.worker, label=label, library=lib, tile=tile, overlap=overlap,
-                  tiles=tiles(z.shape[-2:]), note=note, times_s=times, best_s=min(times),
+                  tiles=n_tiles, tile_px=tile_px, note=note, times_s=times, best_s=min(times),
                   mean_s=sum(times) / len(times), cpu_s=cpu, cpu_best_s=min(cpu),
                   rss_after_load_mib=rss_load / MIB, peak_load_mib=peak_load / MIB, peak_rss_mib=peak / MIB,
-                  vm_hwm_mib=_vm_hwm_kib() / MIB,
-                  working_set_mib=(peak - rss_load) / MIB, peak_reset=reset,
-                  threads=torch.get_num_threads())
+                  vm_hwm_mib=_vm_hwm_kib() / MIB, working_set_mib=(peak - rss_load) / MIB,
+                  peak_reset=reset, threads=torch.get_num_threads())
     (tmp / f"{args.worker}.json").write_text(json.dumps(result))
 
 
@@ -265,6 +271,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smoke run: --size 128 --repeat 1")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
+    p.add_argument("--keep", metavar="DIR", help="copy the decoded images (.npy) and the latent to DIR")
     p.add_argument("--profile", action="store_true",
                    help="after the table, profile one untiled decode of each library (torch.profiler)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -305,6 +312,11 @@ def main() -> None:
             if r is not None:
                 results[name] = r
         outs = {n: np.load(tmp / f"{n}.npy") for n in results}
+        if args.keep:
+            keep = Path(args.keep)
+            keep.mkdir(parents=True, exist_ok=True)
+            for n in [*results, "latent"]:
+                shutil.copyfile(tmp / f"{n}.npy", keep / f"{n}.npy")
         if args.profile:
             for name in ("diffusers", "ours"):
                 _run_worker(name, tmp, args, profile=True)
@@ -313,6 +325,7 @@ def main() -> None:
         ref = REFERENCE[name]
         r["reference"] = ref
         r["ratio"] = r["best_s"] / results[ref]["best_s"] if ref in results else None
+        r["cpu_ratio"] = r["cpu_best_s"] / results[ref]["cpu_best_s"] if ref in results else None
         r["max_abs_err"], r["psnr_db"] = _compare(outs[name], outs[ref]) if ref in outs else (None, None)
         r["target_ratio"] = TARGET.get(name)
         r["target_met"] = None if r["ratio"] is None or name not in TARGET else r["ratio"] <= TARGET[name]
@@ -322,8 +335,8 @@ def main() -> None:
         print(f"reference output: mean {ref.mean():.3f}, std {ref.std():.3f}, {100 * sat:.1f}% of values clamped")
 
     # ---- table ----
-    cols = ["config", "tiles", "best (s)", "mean (s)", "cpu (s)", "ratio", "vs", "target", "peak RSS (MiB)",
-            "working set (MiB)", "max abs err", "PSNR (dB)"]
+    cols = ["config", "tiles", "best (s)", "mean (s)", "cpu (s)", "ratio", "cpu ratio", "vs", "target",
+            "peak RSS (MiB)", "working set (MiB)", "max abs err", "PSNR (dB)"]
     rows = []
     for name, r in results.items():
         target = "" if r["target_ratio"] is None else f"<= {r['target_ratio']:.2f}x" + (
@@ -331,6 +344,7 @@ def main() -> None:
         rows.append([r["label"], str(r["tiles"]), _fmt(r["best_s"], ".2f"), _fmt(r["mean_s"], ".2f"),
                      _fmt(r["cpu_best_s"], ".2f"),
                      _fmt(r["ratio"], ".3f") + ("x" if r["ratio"] is not None else ""),
+                     _fmt(r["cpu_ratio"], ".3f") + ("x" if r["cpu_ratio"] is not None else ""),
                      r["reference"] or "(reference)", target, _fmt(r["peak_rss_mib"], ".0f"),
                      _fmt(r["working_set_mib"], ".0f"), _fmt(r["max_abs_err"], ".2e"), _fmt(r["psnr_db"], ".1f")])
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
@@ -341,8 +355,10 @@ def main() -> None:
     for row in rows:
         print(line(row))
     print()
-    print("cpu: process CPU time of the fastest call (all threads). ratio: best time / best time of 'vs'. max abs err / PSNR: against 'vs' on 0..1 images "
-          "(ours untiled vs diffusers untiled = parity; tiled vs untiled of the same library = seam error).")
+    print("ratio: best time / best time of 'vs'. cpu: process CPU time (all threads) of the fastest call; cpu ratio:\n"
+          "the same against 'vs' (less sensitive than wall time to other processes on the machine).\n"
+          "max abs err / PSNR: against 'vs' on 0..1 images (ours untiled vs diffusers untiled = parity;\n"
+          "tiled vs untiled of the same library = seam error).")
     if not all(r["peak_reset"] for r in results.values()):
         print("note: the peak-RSS mark could not be reset after loading; peak RSS may be a load transient.")
     for name, r in results.items():
@@ -359,19 +375,22 @@ def main() -> None:
     print("\ntargets (informational, never asserted):")
     if "ours" in results and "diffusers" in results:
         r = results["ours"]
-        print(f"  untiled no slower than diffusers: {r['ratio']:.3f}x -> {'ok' if r['target_met'] else 'MISSED'}")
+        print(f"  untiled no slower than diffusers: {r['ratio']:.3f}x -> {'ok' if r['target_met'] else 'MISSED'}"
+              f"  (cpu time {r['cpu_ratio']:.3f}x)")
     for name in ("ours_t512", "ours_t256"):
         if name in results and results[name]["ratio"] is not None:
             r = results[name]
             print(f"  {r['label']} <= 1.15x ours untiled: {r['ratio']:.3f}x -> {'ok' if r['target_met'] else 'MISSED'}"
-                  + ("  (not tiled at this size)" if r["tiles"] == 1 else ""))
+                  f"  (cpu time {r['cpu_ratio']:.3f}x)" + ("  (not tiled at this size)" if r["tiles"] == 1 else ""))
     ws = None
     if "ours_t256" in results and "ours" in results:
         t, u = results["ours_t256"], results["ours"]
         ws = t["working_set_mib"] / u["working_set_mib"] if u["working_set_mib"] > 0 else None
+        area = math.prod(t["tile_px"]) / args.size ** 2
         print(f"  tiled working set bounded by the tile: 256/32 {t['working_set_mib']:.0f} MiB vs untiled "
-              f"{u['working_set_mib']:.0f} MiB (ratio {_fmt(ws, '.2f')}; {t['tiles']} tiles; "
-              f"the output buffer alone is {3 * args.size * args.size * 4 / 2 ** 20:.0f} MiB)")
+              f"{u['working_set_mib']:.0f} MiB (ratio {_fmt(ws, '.2f')}; {t['tiles']} tile(s) of "
+              f"{'x'.join(map(str, t['tile_px']))} px = {area:.2f} of the image area; "
+              f"the output buffer is {3 * args.size * args.size * 4 / 2 ** 20:.0f} MiB)")
 
     if args.json:
         doc = dict(date=started.isoformat(timespec="seconds"), size=args.size, repeat=args.repeat,

@@ -58,7 +58,8 @@ class VAEKitVAE:
         return None
 
     def get_sd(self) -> dict:
-        return self.handle.model.state_dict()
+        # contiguous: the weights run channels_last, and core's savers (safetensors) refuse strided tensors
+        return {k: v.contiguous() for k, v in self.handle.model.state_dict().items()}
 
     def __repr__(self) -> str:
         return f"VAEKitVAE({self.handle!r})"

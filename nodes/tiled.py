@@ -21,6 +21,7 @@ _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4,
 _TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4,
                              "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs; "
                                         "ignored by image VAEs."})
+_TILING = {"tile_size": _TILE, "overlap": _OVERLAP, "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP}
 
 
 class VAEKitTiledDecode:
@@ -37,9 +38,7 @@ class VAEKitTiledDecode:
         return {"required": {
             "samples": ("LATENT", {"tooltip": "The latent to decode (e.g. from a KSampler)."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
-            "tile_size": _TILE, "overlap": _OVERLAP,
-            "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP,
-        }}
+            **_TILING}}
 
     @names_node
     def decode(self, samples, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8):
@@ -65,9 +64,7 @@ class VAEKitTiledEncode:
             "pixels": ("IMAGE", {"tooltip": "Images [N, H, W, 3] in 0..1; sides must be multiples of the VAE's "
                                             "compression (8 for SD/Flux.1 VAEs, 16 for Flux.2's packed latents)."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
-            "tile_size": _TILE, "overlap": _OVERLAP,
-            "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP,
-        }}
+            **_TILING}}
 
     @names_node
     def encode(self, pixels, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8):

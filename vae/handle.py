@@ -22,7 +22,7 @@ class VAE:
                  device: DeviceLike = None, source: str = ""):
         self.spec, self.config, self.model, self.source = spec, config, model, source
         self.caps: Capabilities = spec.capabilities(config)
-        self.model.to(torch.device(device or "cpu"), dtype or torch.float32)
+        self.to(device or "cpu", dtype or torch.float32)
 
     # device and dtype are read from the weights: a memory manager (ComfyUI's) may move them.
     @property
@@ -42,8 +42,14 @@ class VAE:
         return f"VAE({self.name}, {self.dtype}, {self.device}, from {self.source})"
 
     def to(self, device: DeviceLike = None, dtype: Optional[torch.dtype] = None) -> "VAE":
-        self.model.to(torch.device(device) if device is not None else self.device, dtype or self.dtype)
+        # channels_last: oneDNN and cuDNN convolutions run natively in it; in NCHW, CPU convs convert
+        # every activation back and forth (measured: 8% of an SD decode's time, 27% of its memory).
+        device = torch.device(device) if device is not None else self.device
+        self.model.to(device, dtype or self.dtype, memory_format=torch.channels_last)
         return self
+
+    def _model_input(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
 
     # ---- checks --------------------------------------------------------------------------------
     def check_latent(self, z: torch.Tensor, input: str = "samples") -> torch.Tensor:
@@ -112,7 +118,7 @@ class VAE:
         r = self.caps.spatial_ratio
 
         def fn(t: torch.Tensor) -> torch.Tensor:
-            y = self.model.decode(t.to(self.device, self.dtype))
+            y = self.model.decode(self._model_input(t))
             return (y.float() - lo) / (hi - lo)
 
         with torch.inference_mode():
@@ -128,7 +134,7 @@ class VAE:
         r = self.caps.spatial_ratio
 
         def fn(t: torch.Tensor) -> torch.Tensor:
-            return self.model.encode((t.to(self.device, self.dtype) * (hi - lo) + lo)).float()
+            return self.model.encode(self._model_input(t) * (hi - lo) + lo).float()
 
         hw = (x.shape[-2] // r, x.shape[-1] // r)
         with torch.inference_mode():

@@ -18,7 +18,8 @@ def models(tmp_path, monkeypatch):
     kl = diffusers_kl()
     save_file({k: v.contiguous() for k, v in kl.state_dict().items()}, str(tmp_path / "vae" / "tiny_kl.safetensors"))
     import vae
-    tiny = vae.from_state_dict(diffusers_tiny().state_dict(), name_hint="taesd").model.state_dict()
+    tiny = {k: v.contiguous() for k, v in
+            vae.from_state_dict(diffusers_tiny().state_dict(), name_hint="taesd").model.state_dict().items()}
     for part in ("encoder", "decoder"):
         pre = f"taesd_{part}."
         torch.save({k[len(pre):]: v for k, v in tiny.items() if k.startswith(pre)},
