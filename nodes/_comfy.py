@@ -141,15 +141,24 @@ def pick_dtype(choice: str, device: torch.device, working: tuple[torch.dtype, ..
 _patchers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def prepare(handle) -> None:
-    """Inside ComfyUI, hand the weights to its memory manager (load before use, offload later)."""
+def place(handle, device: torch.device, dtype: torch.dtype) -> None:
+    """Put freshly loaded weights where they wait: inside ComfyUI on its offload device (its memory
+    manager moves them to ``device`` before each use, see ``prepare``); standalone on ``device``."""
     mm = model_management()
-    if mm is None or handle.device.type == "cpu" and mm.vae_device().type == "cpu":
+    if mm is None or device.type == "cpu":
+        handle.to(device, dtype)
         return
+    from comfy.model_patcher import ModelPatcher
+    handle.to(mm.vae_offload_device(), dtype)
+    _patchers[handle.model] = ModelPatcher(handle.model, load_device=device,
+                                           offload_device=mm.vae_offload_device())
+
+
+def prepare(handle) -> None:
+    """Inside ComfyUI, load the weights onto their device through its memory manager before use."""
+    mm = model_management()
     patcher = _patchers.get(handle.model)
-    if patcher is None:
-        from comfy.model_patcher import ModelPatcher
-        patcher = _patchers[handle.model] = ModelPatcher(
-            handle.model, load_device=handle.device, offload_device=mm.vae_offload_device())
+    if mm is None or patcher is None:
+        return
     # plain torch layers cannot be partially loaded, so the whole VAE is loaded
     mm.load_models_gpu([patcher], force_full_load=True)

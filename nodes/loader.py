@@ -45,5 +45,5 @@ class VAEKitLoad:
             handle = load(path, name_hint=hint)
         except LoadError as e:
             raise e.for_node(self.DISPLAY_NAME, "vae_name")
-        handle.to(dev, _comfy.pick_dtype(dtype, dev, handle.caps.working_dtypes))
+        _comfy.place(handle, dev, _comfy.pick_dtype(dtype, dev, handle.caps.working_dtypes))
         return (VAEKitVAE(handle),)

@@ -125,8 +125,9 @@ _converted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def as_engine(vae, node: str):
-    """Our handle for a VAE socket value; a core VAE is converted once (its weights are shared,
-    not copied) or, if we do not implement its architecture, tiled through its own calls."""
+    """Our handle for a VAE socket value. A core VAE is converted once per VAE object (into our
+    layout, placed like a VAE from our loader) or, if we do not implement its architecture, tiled
+    through its own calls."""
     if isinstance(vae, VAEKitVAE):
         return vae.handle
     if isinstance(vae, VAE):
@@ -135,7 +136,9 @@ def as_engine(vae, node: str):
         cached = _converted.get(vae)
         if cached is None:
             try:
-                cached = from_state_dict(vae.get_sd(), source="core VAE", dtype=getattr(vae, "vae_dtype", None))
+                cached = from_state_dict(vae.get_sd(), source="core VAE")
+                device = _comfy.compute_device()
+                _comfy.place(cached, device, getattr(vae, "vae_dtype", None) or torch.float32)
             except VAEKitError:
                 cached = CoreVAEEngine(vae)
             _converted[vae] = cached

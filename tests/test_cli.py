@@ -16,13 +16,13 @@ def vae_cli(*args, cwd=ROOT):
 
 
 def test_info_encode_decode_run(tmp_path):
-    code, out = vae_cli("info", DEMO / "demo_taesd.safetensors")
+    code, out = vae_cli("info", DEMO / "vaekit_demo.safetensors")
     assert code == 0 and "TAESD family" in out
     latent = tmp_path / "sample.latent"
-    code, out = vae_cli("encode", "--vae", DEMO / "demo_taesd.safetensors", "--tile", 256, "--overlap", 32,
+    code, out = vae_cli("encode", "--vae", DEMO / "vaekit_demo.safetensors", "--tile", 256, "--overlap", 32,
                         "-o", latent, DEMO / "vaekit_sample.png")
     assert code == 0 and latent.is_file(), out
-    code, out = vae_cli("decode", "--vae", DEMO / "demo_taesd.safetensors", "-o", tmp_path / "dec", latent)
+    code, out = vae_cli("decode", "--vae", DEMO / "vaekit_demo.safetensors", "-o", tmp_path / "dec", latent)
     assert code == 0 and (tmp_path / "dec_00000.png").is_file(), out
     code, out = vae_cli("run", "workflows/image_tiled_roundtrip_api.json", "--models", DEMO, "--input", DEMO,
                         "--output", tmp_path / "out")

@@ -56,7 +56,7 @@ class VAE:
         """Validate a LATENT tensor and return it on the model's own latent grid (unpacked)."""
         caps = self.caps
         if not caps.can_decode:
-            raise InputError("this VAE has no decoder (only an encoder file was loaded).",
+            raise InputError("this VAE has no decoder (only an encoder file was loaded).", input="vae",
                              fix="load the matching *_decoder file too, or the pair by its stem name.")
         if z.dim() == 5 and z.shape[2] == 1:
             z = z[:, :, 0]
@@ -84,7 +84,7 @@ class VAE:
         """Validate images [B, C, H, W] in 0..1."""
         caps = self.caps
         if not caps.can_encode:
-            raise InputError("this VAE has no encoder (only a decoder file was loaded).",
+            raise InputError("this VAE has no encoder (only a decoder file was loaded).", input="vae",
                              fix="load the matching *_encoder file too, or the pair by its stem name.")
         if x.dim() != 4 or x.shape[1] < caps.image_channels:
             raise InputError(f"expected images with {caps.image_channels} channels, got shape {tuple(x.shape)}.",

@@ -14,9 +14,10 @@ from vae.archs.tiny import TinyAutoencoder
 from vae.demo import SAMPLE, WEIGHTS, run_demo
 from vae.demo.train import make_config
 
-# Measured on the shipped weights (see the report of vae/demo/train.py): the floors leave a margin.
-PSNR_FLOOR_DB = 22.0
-SEAM_PSNR_FLOOR_DB = 30.0
+# Measured with the shipped weights on the 256x256 centre of the sample, 128 px tiles, 32 px overlap:
+# 21.4 dB untiled and tiled, seam 47.1 dB (the full 512x512 sample: 22.8 dB). Floors leave a margin.
+PSNR_FLOOR_DB = 19.0
+SEAM_PSNR_FLOOR_DB = 40.0
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def photo() -> torch.Tensor:
     from vae.imageio import read_image
-    return read_image(ROOT / "vae" / "demo" / "sample.png").movedim(-1, 0)[None]
+    return read_image(ROOT / "vae" / "demo" / "vaekit_sample.png").movedim(-1, 0)[None]
 
 
 def test_real_taef2_weights_reconstruct_a_photograph(shared_data):

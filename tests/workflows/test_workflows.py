@@ -21,9 +21,9 @@ DEMO = ROOT / "vae" / "demo"
 def comfy_dirs(tmp_path, monkeypatch):
     """models/, input/, output/ as a ComfyUI install would have them for these workflows."""
     (tmp_path / "models" / "vae").mkdir(parents=True)
-    shutil.copy(DEMO / "demo_taesd.safetensors", tmp_path / "models" / "vae")
+    shutil.copy(DEMO / "vaekit_demo.safetensors", tmp_path / "models" / "vae")
     (tmp_path / "input").mkdir()
-    shutil.copy(DEMO / "sample.png", tmp_path / "input" / "vaekit_sample.png")
+    shutil.copy(DEMO / "vaekit_sample.png", tmp_path / "input" / "vaekit_sample.png")
     monkeypatch.setenv("VAEKIT_MODEL_DIRS", str(tmp_path / "models"))
     return tmp_path
 

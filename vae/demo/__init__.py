@@ -1,6 +1,6 @@
 """A self-contained demo: a small TAESD-architecture VAE trained from scratch on public-domain /
-CC0 images (``demo_taesd.safetensors``, see ``vae/demo/train.py``) and a held-out public-domain
-sample image (``sample.png``, NASA's astronaut photo from scikit-image, never seen in training).
+CC0 images (``vaekit_demo.safetensors``, see ``vae/demo/train.py``) and a held-out public-domain
+sample image (``vaekit_sample.png``, NASA's astronaut photo from scikit-image, never seen in training).
 
 ``run_demo()`` encodes and decodes the sample untiled and tiled and reports the reconstruction
 PSNR, the seam error that tiling adds to decoding, the times and the peak memory. It needs only
@@ -17,8 +17,8 @@ from typing import Optional, Union
 import torch
 
 HERE = Path(__file__).resolve().parent
-WEIGHTS = HERE / "demo_taesd.safetensors"
-SAMPLE = HERE / "sample.png"
+WEIGHTS = HERE / "vaekit_demo.safetensors"
+SAMPLE = HERE / "vaekit_sample.png"
 
 __all__ = ["run_demo", "WEIGHTS", "SAMPLE"]
 
