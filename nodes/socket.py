@@ -104,7 +104,7 @@ class CoreVAEEngine:
     def decode(self, z, tile=None, overlap=None, progress=None, out_device=None):
         def fn(t):
             return self.core.decode(t).movedim(-1, 1).float()
-        plans = _plans(z.shape[-2:], tile, overlap, self.ratio)
+        plans = tiling.plan_grid(z.shape[-2:], tile, overlap, self.ratio)
         return tiling.run_tiled(fn, z, plans, (1, 1), (self.ratio, self.ratio), int(self.core.output_channels),
                                 out_device, progress=progress)
 
@@ -112,13 +112,9 @@ class CoreVAEEngine:
         def fn(t):
             return self.core.encode(t.movedim(1, -1)).float()
         r = self.ratio
-        plans = _plans((x.shape[-2] // r, x.shape[-1] // r), tile, overlap, r)
+        plans = tiling.plan_grid((x.shape[-2] // r, x.shape[-1] // r), tile, overlap, r)
         return tiling.run_tiled(fn, x, plans, (r, r), (1, 1), int(self.core.latent_channels), out_device,
                                 progress=progress)
-
-
-def _plans(hw, tile, overlap, r):
-    return [tiling.plan_axis(n, max(1, tile // r) if tile else 0, (overlap or 0) // r) for n in hw]
 
 
 _converted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

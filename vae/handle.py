@@ -103,12 +103,7 @@ class VAE:
 
     # ---- engines -------------------------------------------------------------------------------
     def _plans(self, hw: tuple[int, int], tile: Tile, overlap: Optional[int]) -> list[tiling.AxisPlan]:
-        """Tile (one size, or (height, width)) and overlap arrive in pixels; plans are made on the
-        latent grid. No tile (None/0) means one untiled pass."""
-        r = self.caps.spatial_ratio
-        tiles = tile if isinstance(tile, (tuple, list)) else (tile, tile)
-        o = (overlap or 0) // r
-        return [tiling.plan_axis(n, max(1, t // r) if t else 0, o) for n, t in zip(hw, tiles)]
+        return tiling.plan_grid(hw, tile, overlap, self.caps.spatial_ratio)
 
     def decode(self, z: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None) -> torch.Tensor:

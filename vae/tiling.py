@@ -50,6 +50,14 @@ def plan_axis(length: int, tile: int, overlap: int) -> AxisPlan:
     return AxisPlan(length, tuple((s, s + size) for s in starts))
 
 
+def plan_grid(latent_shape: Sequence[int], tile_px, overlap_px: Optional[int], ratio: int) -> list[AxisPlan]:
+    """Plans for each axis from the user's units: tile (one size, or one per axis) and overlap in
+    pixels, ``ratio`` pixels per latent pixel. No tile (None/0) means one untiled pass."""
+    tiles = tile_px if isinstance(tile_px, (tuple, list)) else (tile_px,) * len(latent_shape)
+    o = (overlap_px or 0) // ratio
+    return [plan_axis(n, max(1, t // ratio) if t else 0, o) for n, t in zip(latent_shape, tiles)]
+
+
 def axis_weights(plan: AxisPlan, scale: int) -> list[torch.Tensor]:
     """Blend ramps per tile in output units (latent * ``scale``); they sum to 1 everywhere.
 

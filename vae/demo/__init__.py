@@ -75,8 +75,7 @@ def run_demo(out_dir: Union[str, Path, None] = None, tile: int = 256, overlap: i
     rec_t, t_dec_t = _timed(lambda: vae.decode(z_t, tile=tile, overlap=overlap))
     seam, t_seam = _timed(lambda: vae.decode(z, tile=tile, overlap=overlap))   # same latent as `rec`
     lat = vae.caps.spatial_ratio
-    tiles = tiling.tile_count([tiling.plan_axis(n // lat, max(1, tile // lat) if tile else 0, overlap // lat)
-                               for n in (h, w)])
+    tiles = tiling.tile_count(tiling.plan_grid((h // lat, w // lat), tile, overlap, lat))
 
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="vaekit-demo-"))
     out.mkdir(parents=True, exist_ok=True)
