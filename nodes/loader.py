@@ -1,6 +1,8 @@
 """VAE Load: any supported VAE file, family and hyperparameters detected from its keys."""
 from __future__ import annotations
 
+import torch
+
 from ..vae import load
 from ..vae.errors import LoadError
 from . import _comfy
@@ -41,6 +43,8 @@ class VAEKitLoad:
             raise LoadError(str(e), input="vae_name",
                             fix="put the file in models/vae (or the pair in models/vae_approx) and refresh.") from None
         dev = _comfy.compute_device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise LoadError("CUDA is not available on this machine.", input="device", fix="choose 'auto' or 'cpu'.")
         try:
             handle = load(path, name_hint=hint)
         except LoadError as e:

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from ..vae import VAE, from_state_dict, tiling
-from ..vae.errors import VAEKitError
+from ..vae.errors import InputError, VAEKitError
 from . import _comfy
 from .convert import bchw_to_image, center_crop_to_multiple, image_to_bchw
 
@@ -112,6 +112,10 @@ class CoreVAEEngine:
         def fn(t):
             return self.core.encode(t.movedim(1, -1)).float()
         r = self.ratio
+        if x.shape[-2] % r or x.shape[-1] % r:
+            h, w = x.shape[-2:]
+            raise InputError(f"the image is {w}x{h} pixels; this VAE needs width and height divisible by {r}.",
+                             input="pixels", fix=f"crop or resize to {w // r * r}x{h // r * r} first.")
         plans = tiling.plan_grid((x.shape[-2] // r, x.shape[-1] // r), tile, overlap, r)
         return tiling.run_tiled(fn, x, plans, (r, r), (1, 1), int(self.core.latent_channels), out_device,
                                 progress=progress)
@@ -135,7 +139,8 @@ def as_engine(vae, node: str):
                 cached = from_state_dict(vae.get_sd(), source="core VAE")
                 device = _comfy.compute_device()
                 _comfy.place(cached, device, getattr(vae, "vae_dtype", None) or torch.float32)
-            except VAEKitError:
+            except (VAEKitError, RuntimeError) as e:   # not ours (or a variant we do not match)
+                _comfy.log.info("VAEKit: tiling %s through its own calls (%s)", type(vae).__name__, e)
                 cached = CoreVAEEngine(vae)
             _converted[vae] = cached
         return cached

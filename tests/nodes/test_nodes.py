@@ -133,3 +133,23 @@ def test_unknown_core_vae_is_tiled_through_its_own_decode(pack):
     (out,) = dec.decode({"samples": z}, core, tile_size=64, overlap=16)
     assert core.calls > 1
     assert torch.allclose(out, pointwise(z).movedim(1, -1), atol=1e-6)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_choice_without_cuda_is_a_clear_error(pack, models):
+    with pytest.raises(ValueError, match=r"^VAE Load \(VAEKit\): input 'device': CUDA is not available.*Fix"):
+        pack.NODE_CLASS_MAPPINGS["VAEKitLoad"]().load("tiny_kl.safetensors", "auto", "cuda")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_precision_weights_decode_close_to_fp32(pack, models, dtype):
+    load = pack.NODE_CLASS_MAPPINGS["VAEKitLoad"]()
+    dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
+    (ref,) = load.load("taesd", "fp32", "cpu")
+    (half,) = load.load("taesd", dtype, "cpu")
+    z = {"samples": torch.randn(1, 4, 8, 8)}
+    (a,), (b,) = dec.decode(z, ref), dec.decode(z, half)
+    assert b.dtype == torch.float32           # IMAGE is always float32, whatever the VAE runs in
+    err = (a - b).abs().max()
+    print(f"{dtype} vs fp32 decode: max abs {err:.4f}")
+    assert err < 0.05
