@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 
 from ..vae import VAE, from_state_dict, tiling
-from ..vae.errors import InputError, VAEKitError
+from ..vae.errors import VAEKitError
+from ..vae.handle import check_divisible
 from . import _comfy
 from .convert import bchw_to_image, center_crop_to_multiple, image_to_bchw
 
@@ -58,8 +59,7 @@ class VAEKitVAE:
         return None
 
     def get_sd(self) -> dict:
-        # contiguous: the weights run channels_last, and core's savers (safetensors) refuse strided tensors
-        return {k: v.contiguous() for k, v in self.handle.model.state_dict().items()}
+        return self.handle.state_dict()
 
     def __repr__(self) -> str:
         return f"VAEKitVAE({self.handle!r})"
@@ -112,10 +112,7 @@ class CoreVAEEngine:
         def fn(t):
             return self.core.encode(t.movedim(1, -1)).float()
         r = self.ratio
-        if x.shape[-2] % r or x.shape[-1] % r:
-            h, w = x.shape[-2:]
-            raise InputError(f"the image is {w}x{h} pixels; this VAE needs width and height divisible by {r}.",
-                             input="pixels", fix=f"crop or resize to {w // r * r}x{h // r * r} first.")
+        check_divisible(*x.shape[-2:], r, self.name)
         plans = tiling.plan_grid((x.shape[-2] // r, x.shape[-1] // r), tile, overlap, r)
         return tiling.run_tiled(fn, x, plans, (r, r), (1, 1), int(self.core.latent_channels), out_device,
                                 progress=progress)
@@ -137,11 +134,11 @@ def as_engine(vae, node: str):
         if cached is None:
             try:
                 cached = from_state_dict(vae.get_sd(), source="core VAE")
-                device = _comfy.compute_device()
-                _comfy.place(cached, device, getattr(vae, "vae_dtype", None) or torch.float32)
-            except (VAEKitError, RuntimeError) as e:   # not ours (or a variant we do not match)
+            except VAEKitError as e:   # an architecture (or variant) we do not implement
                 _comfy.log.info("VAEKit: tiling %s through its own calls (%s)", type(vae).__name__, e)
                 cached = CoreVAEEngine(vae)
+            else:
+                _comfy.place(cached, _comfy.compute_device(), getattr(vae, "vae_dtype", None) or torch.float32)
             _converted[vae] = cached
         return cached
     raise VAEKitError(f"got a {type(vae).__name__} on the 'vae' input, not a VAE.", input="vae",

@@ -17,6 +17,13 @@ _CHANNEL_HINTS = {4: "SD1.x/SD2.x/SDXL", 12: "Mochi", 16: "SD3/Flux.1 (or a 16-c
                   32: "Flux.2 (unpacked)", 128: "Flux.2 or LTX-Video"}
 
 
+def check_divisible(h: int, w: int, r: int, what: str, input: str = "pixels") -> None:
+    """Images must tile the latent grid exactly: one rule and one message for every engine."""
+    if h % r or w % r:
+        raise InputError(f"the image is {w}x{h} pixels; {what} needs width and height divisible by {r}.", input=input,
+                         fix=f"crop or resize to {w // r * r}x{h // r * r} (e.g. core 'ImageCrop' or 'Upscale Image') first.")
+
+
 class VAE:
     def __init__(self, spec: ArchSpec, config: Any, model: torch.nn.Module, dtype: Optional[torch.dtype] = None,
                  device: DeviceLike = None, source: str = ""):
@@ -47,6 +54,11 @@ class VAE:
         device = torch.device(device) if device is not None else self.device
         self.model.to(device, dtype or self.dtype, memory_format=torch.channels_last)
         return self
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights in the canonical layout, contiguous (they run channels_last; safetensors and
+        other savers refuse strided tensors)."""
+        return {k: v.contiguous() for k, v in self.model.state_dict().items()}
 
     def _model_input(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)

@@ -154,22 +154,24 @@ def from_state_dict(sd: Mapping[str, torch.Tensor], name_hint: Optional[str] = N
     sd = spec.complete_state_dict(sd, config)
     with torch.device("meta"):
         model = spec.build(config)
-    missing, unexpected = _compare_keys(model, sd)
-    if missing or unexpected:
+    missing, unexpected, reshaped = _compare(model, sd)
+    if missing or unexpected or reshaped:
         raise LoadError(
-            f"{source} looks like {spec.describe(config)} but its keys do not match: "
-            f"{len(missing)} missing (e.g. {', '.join(missing[:3])}), {len(unexpected)} unexpected "
-            f"(e.g. {', '.join(unexpected[:3])}).",
+            f"{source} looks like {spec.describe(config)} but does not match it: "
+            f"{len(missing)} keys missing (e.g. {', '.join(missing[:3])}), {len(unexpected)} unexpected "
+            f"(e.g. {', '.join(unexpected[:3])}), {len(reshaped)} with other shapes (e.g. {', '.join(reshaped[:3])}).",
             fix="the file may be a different variant or damaged; please report it with the key list.")
     model.load_state_dict(sd, strict=True, assign=True)
     model.eval().requires_grad_(False)
     return VAE(spec, config, model, dtype=dtype, device=device, source=source)
 
 
-def _compare_keys(model, sd) -> tuple[list[str], list[str]]:
-    want = set(model.state_dict().keys())
-    have = set(sd.keys())
-    return sorted(want - have), sorted(have - want)
+def _compare(model, sd) -> tuple[list[str], list[str], list[str]]:
+    """Missing keys, unexpected keys, and keys whose shape differs: checked before any weight is
+    assigned, so a mismatch is a LoadError rather than torch's RuntimeError half-way through."""
+    want = model.state_dict()
+    reshaped = [k for k in sorted(want.keys() & sd.keys()) if tuple(want[k].shape) != tuple(sd[k].shape)]
+    return sorted(want.keys() - sd.keys()), sorted(sd.keys() - want.keys()), reshaped
 
 
 def load(path: PathLike, dtype: Optional[torch.dtype] = None, device=None,

@@ -18,8 +18,7 @@ def models(tmp_path, monkeypatch):
     kl = diffusers_kl()
     save_file({k: v.contiguous() for k, v in kl.state_dict().items()}, str(tmp_path / "vae" / "tiny_kl.safetensors"))
     import vae
-    tiny = {k: v.contiguous() for k, v in
-            vae.from_state_dict(diffusers_tiny().state_dict(), name_hint="taesd").model.state_dict().items()}
+    tiny = vae.from_state_dict(diffusers_tiny().state_dict(), name_hint="taesd").state_dict()
     for part in ("encoder", "decoder"):
         pre = f"taesd_{part}."
         torch.save({k[len(pre):]: v for k, v in tiny.items() if k.startswith(pre)},
@@ -118,7 +117,7 @@ class FakeCoreVAE:
 def test_our_nodes_accept_a_core_vae(pack, models):
     import vae
     kl = vae.load(models / "vae" / "tiny_kl.safetensors")
-    core = FakeCoreVAE(kl.model.state_dict())       # core keeps the LDM layout
+    core = FakeCoreVAE(kl.state_dict())       # core keeps the LDM layout
     z = torch.randn(1, 4, 8, 8)
     dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
     (out,) = dec.decode({"samples": z}, core, tile_size=512, overlap=64)

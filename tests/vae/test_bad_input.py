@@ -88,3 +88,10 @@ def test_taef2_packed_encode_needs_sides_multiple_of_16():
     assert tiny.caps.spatial_ratio_packed == 8     # no pool blocks: not taef2, not packed
     with pytest.raises(vae.InputError, match="divisible by 8"):
         tiny.encode(torch.rand(1, 3, 20, 16))
+
+
+def test_shape_mismatch_is_a_load_error_not_a_torch_error():
+    sd = diffusers_kl().state_dict()
+    sd["decoder.conv_out.weight"] = sd["decoder.conv_out.weight"][:, :16].contiguous()
+    with pytest.raises(vae.LoadError, match=r"1 with other shapes \(e.g. decoder.conv_out.weight\)"):
+        vae.from_state_dict(sd)

@@ -33,7 +33,7 @@ def _ldm_variants(ref):
     """The same weights in every layout users have: diffusers, LDM/ComfyUI (our canonical), full
     checkpoints with first_stage_model./vae. prefixes, diffusers' legacy attention names."""
     diff = ref.state_dict()
-    ldm = {k: v.contiguous() for k, v in vae.from_state_dict(diff).model.state_dict().items()}
+    ldm = vae.from_state_dict(diff).state_dict()
     legacy = {k.replace("to_q", "query").replace("to_k", "key").replace("to_v", "value")
               .replace("to_out.0", "proj_attn"): v for k, v in diff.items()}
     unet_noise = {"model.diffusion_model.input_blocks.0.0.weight": torch.zeros(4, 4, 3, 3)}

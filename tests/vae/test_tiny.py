@@ -42,8 +42,7 @@ def test_handle_matches_diffusers_with_unit_scale():
 
 
 def _layouts(ref_sd: dict) -> dict:
-    comfy = {k: v.contiguous() for k, v in   # canonical = ComfyUI's layout
-             vae.from_state_dict(ref_sd, name_hint="taesdxl").model.state_dict().items()}
+    comfy = vae.from_state_dict(ref_sd, name_hint="taesdxl").state_dict()   # canonical = ComfyUI's layout
     enc = {k[len("taesd_encoder."):]: v for k, v in comfy.items() if k.startswith("taesd_encoder.")}
     dec = {k[len("taesd_decoder."):]: v for k, v in comfy.items() if k.startswith("taesd_decoder.")}
     return {"diffusers": ref_sd, "comfyui": comfy, "pair": (enc, dec)}
