@@ -15,15 +15,23 @@ class Capabilities:
     latent_channels: int              # channels of the model's own latent grid
     spatial_ratio: int                # pixels per latent pixel, each spatial axis
     image_channels: int = 3
-    temporal_ratio: Optional[int] = None   # video VAEs only
+    temporal_ratio: Optional[int] = None   # video VAEs only: frames = 1 + temporal_ratio * (latent_frames - 1)
     value_range: tuple[float, float] = (-1.0, 1.0)   # pixel range the model works in
     latent_pack: int = 1              # LATENTs carry pack x pack latent pixels in channels (Flux.2)
     has_attention: bool = False
-    norm: str = "none"                # "groupnorm" (statistics over H*W) or "none"
+    # where normalisation statistics come from: "groupnorm" (H*W of an image), "groupnorm_frame"
+    # (H*W of each frame), "groupnorm_clip" (T*H*W of the clip), "rms" (per pixel/voxel), "none"
+    norm: str = "none"
+    causal_encoder: bool = False      # latent frame i depends only on pixel frames <= r*i (streamable)
+    causal_decoder: bool = False      # pixel frames of latent i depend only on latents <= i
     can_encode: bool = True
     can_decode: bool = True
     default_tile: int = 512           # pixels
     default_overlap: int = 64         # pixels
+    default_tile_frames: int = 64     # pixel frames (video)
+    default_overlap_frames: int = 8   # pixel frames (video)
+    # extra keyword inputs model.decode() accepts, e.g. LTX 0.9.1+: ("timestep", "noise_scale", "seed")
+    decode_options: tuple[str, ...] = ()
     working_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
 
     @property

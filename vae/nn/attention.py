@@ -1,5 +1,6 @@
-"""Single-head spatial self-attention of the LDM/SD VAE mid blocks (canonical keys
-``norm, q, k, v, proj_out`` as 1x1 convolutions, as in the original and ComfyUI checkpoints)."""
+"""Single-head self-attention of the LDM/SD VAE mid blocks (canonical keys ``norm, q, k, v,
+proj_out`` as 1x1 convolutions, as in the original and ComfyUI checkpoints), for images and, with
+``dims=3``, for video clips (HunyuanVideo's mid blocks: all T*H*W tokens, block-causal over frames)."""
 from __future__ import annotations
 
 import torch
@@ -10,26 +11,38 @@ from .norm import GroupNorm
 
 
 class SpatialSelfAttention(nn.Module):
-    """One head as wide as the channels, over all H*W positions, with a residual connection.
+    """One head as wide as the channels, over all positions, with a residual connection.
 
     q/k/v are kept as separate 1x1 convs so state dicts round-trip unchanged; fusing them into
-    one projection is a separate, reversible transform (vae/compile.py)."""
+    one projection is a separate, reversible transform (vae/compile.py).
 
-    def __init__(self, channels: int, groups: int = 32, eps: float = 1e-6):
+    ``frame_causal`` (video): a token of frame f attends to every token of frames <= f. Run as one
+    attention call per frame over the keys of frames 0..f, so no (THW)^2 mask is ever built."""
+
+    def __init__(self, channels: int, groups: int = 32, eps: float = 1e-6, dims: int = 2,
+                 frame_causal: bool = False):
         super().__init__()
+        conv = {2: nn.Conv2d, 3: nn.Conv3d}[dims]
+        self.frame_causal = frame_causal
         self.norm = GroupNorm(groups, channels, eps=eps)
-        self.q = nn.Conv2d(channels, channels, 1)
-        self.k = nn.Conv2d(channels, channels, 1)
-        self.v = nn.Conv2d(channels, channels, 1)
-        self.proj_out = nn.Conv2d(channels, channels, 1)
+        self.q = conv(channels, channels, 1)
+        self.k = conv(channels, channels, 1)
+        self.v = conv(channels, channels, 1)
+        self.proj_out = conv(channels, channels, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, h, w = x.shape
+        b, c = x.shape[:2]
         hn = self.norm(x)
-        # (B, 1, HW, C): SDPA with one head; its default scale is 1/sqrt(C) as in the reference.
+        # (B, 1, N, C): SDPA with one head; its default scale is 1/sqrt(C) as in the reference.
         # Contiguous: on CPU, transposed views send SDPA to the math kernel, which materialises the
-        # (HW)^2 attention matrix (2.5 GB vs 0.27 GB for a 128x128 latent).
-        q, k, v = (p(hn).reshape(b, 1, c, h * w).transpose(-1, -2).contiguous() for p in (self.q, self.k, self.v))
-        out = F.scaled_dot_product_attention(q, k, v)
-        out = out.transpose(-1, -2).reshape(b, c, h, w)
+        # N^2 attention matrix (2.5 GB vs 0.27 GB for a 128x128 latent).
+        q, k, v = (p(hn).reshape(b, 1, c, -1).transpose(-1, -2).contiguous() for p in (self.q, self.k, self.v))
+        if self.frame_causal and x.dim() == 5 and x.shape[2] > 1:
+            t = x.shape[2]
+            n = q.shape[2] // t
+            out = torch.cat([F.scaled_dot_product_attention(q[:, :, f * n:(f + 1) * n], k[:, :, :(f + 1) * n],
+                                                            v[:, :, :(f + 1) * n]) for f in range(t)], dim=2)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v)
+        out = out.transpose(-1, -2).reshape(x.shape)
         return x + self.proj_out(out)

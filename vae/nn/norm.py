@@ -64,3 +64,39 @@ def set_stats_hook(module: nn.Module, hook: Optional[StatsHook]) -> int:
             m.stats_hook = hook
             n += 1
     return n
+
+
+class FrameGroupNorm(GroupNorm):
+    """GroupNorm whose statistics are per frame: (C/G, H, W) of each frame of (B, C, T, H, W)
+    (Mochi, Magvit). A 4-D input is one frame per batch item. The stats hook sees the frames folded
+    into the batch, so exact tiling accumulates per-frame sums with the same code as for images."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 5:
+            return super().forward(x)
+        b, c, t, h, w = x.shape
+        y = super().forward(x.transpose(1, 2).reshape(b * t, c, h, w))
+        return y.reshape(b, t, c, h, w).transpose(1, 2)
+
+
+class ChannelRMSNorm(nn.Module):
+    """x / sqrt(mean over channels of x^2 + eps), per pixel/voxel, optionally scaled (LTX's
+    PixelNorm / RMSNorm with no affine). Statistics are local, so it tiles exactly."""
+
+    def __init__(self, channels: int, eps: float = 1e-8, affine: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(channels)) if affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * torch.rsqrt(x.float().square().mean(1, keepdim=True) + self.eps).to(x.dtype)
+        if self.weight is not None:
+            y = y * self.weight.reshape(1, -1, *([1] * (x.dim() - 2)))
+        return y
+
+
+class ChannelLayerNorm(nn.LayerNorm):
+    """LayerNorm over the channel axis of (B, C, ...) (keys ``weight``, ``bias``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.movedim(1, -1)).movedim(-1, 1)

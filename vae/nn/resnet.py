@@ -10,6 +10,7 @@ from torch import nn
 from .norm import GroupNorm
 
 ConvFactory = Callable[..., nn.Module]
+NormFactory = Callable[[int], nn.Module]
 
 
 def conv2d_3x3(cin: int, cout: int) -> nn.Module:
@@ -22,14 +23,19 @@ def conv2d_1x1(cin: int, cout: int) -> nn.Module:
 
 class ResnetBlock(nn.Module):
     """GroupNorm -> SiLU -> conv -> GroupNorm -> SiLU -> conv, plus a 1x1 shortcut when the width
-    changes. Canonical keys: ``norm1 conv1 norm2 conv2 nin_shortcut``."""
+    changes. Canonical keys: ``norm1 conv1 norm2 conv2 nin_shortcut``.
+
+    Video families pass their own ``conv`` (a causal 3-D conv), ``shortcut`` and ``norm`` (a
+    per-frame or whole-clip GroupNorm): the block itself is written once."""
 
     def __init__(self, cin: int, cout: int, groups: int = 32, eps: float = 1e-6,
-                 conv: ConvFactory = conv2d_3x3, shortcut: ConvFactory = conv2d_1x1):
+                 conv: ConvFactory = conv2d_3x3, shortcut: ConvFactory = conv2d_1x1,
+                 norm: NormFactory | None = None):
         super().__init__()
-        self.norm1 = GroupNorm(groups, cin, eps=eps)
+        norm = norm or (lambda c: GroupNorm(groups, c, eps=eps))
+        self.norm1 = norm(cin)
         self.conv1 = conv(cin, cout)
-        self.norm2 = GroupNorm(groups, cout, eps=eps)
+        self.norm2 = norm(cout)
         self.conv2 = conv(cout, cout)
         self.nin_shortcut = shortcut(cin, cout) if cin != cout else None
 
@@ -45,11 +51,11 @@ class MidBlock(nn.Module):
     """resnet -> (attention) -> resnet at the lowest resolution (keys ``block_1 attn_1 block_2``)."""
 
     def __init__(self, channels: int, attention: nn.Module | None, groups: int = 32, eps: float = 1e-6,
-                 conv: ConvFactory = conv2d_3x3):
+                 conv: ConvFactory = conv2d_3x3, norm: NormFactory | None = None):
         super().__init__()
-        self.block_1 = ResnetBlock(channels, channels, groups, eps, conv)
+        self.block_1 = ResnetBlock(channels, channels, groups, eps, conv, norm=norm)
         self.attn_1 = attention
-        self.block_2 = ResnetBlock(channels, channels, groups, eps, conv)
+        self.block_2 = ResnetBlock(channels, channels, groups, eps, conv, norm=norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.block_1(x)

@@ -1,0 +1,141 @@
+"""Convolutions along time, with the frame cache that lets a clip run chunk by chunk.
+
+Every video family pads time itself (the conv is built with no time padding), in one of two ways:
+- causal: ``(k_t - 1) * dilation`` copies of the first frame in front (Mochi, HunyuanVideo, Magvit,
+  LTX's encoder);
+- symmetric: half of that in front (first frame) and half behind (last frame) (LTX's default,
+  non-causal decoder).
+Spatial padding is ``zeros`` (LTX, Magvit) or ``replicate`` (Mochi, HunyuanVideo).
+
+Streaming (``set_streaming``): a causal conv keeps the tail of its padded input that later output
+frames still need (every frame from the first window it has not yet produced), so feeding a clip in
+chunks gives exactly the frames of one pass, for any stride. Modules with other temporal state
+(up-samplers that treat the first frame differently) implement the same ``reset_stream`` hook.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Size3 = Union[int, tuple[int, int, int]]
+
+
+def _triple(v: Size3) -> tuple[int, int, int]:
+    return (v, v, v) if isinstance(v, int) else tuple(v)
+
+
+class Streamable:
+    """Mixin: a module whose output for a chunk depends on earlier chunks.
+
+    ``reset_stream(True)`` starts a stream (the next call is the first chunk), ``reset_stream(False)``
+    ends it and frees the state; outside a stream, calls are independent whole clips."""
+
+    streaming: bool = False
+
+    def reset_stream(self, on: bool) -> None:
+        self.streaming = on
+
+
+def set_streaming(module: nn.Module, on: bool) -> int:
+    """Start (or end) a stream on every Streamable below ``module``; returns how many there are."""
+    n = 0
+    for m in module.modules():
+        if isinstance(m, Streamable):
+            m.reset_stream(on)
+            n += 1
+    return n
+
+
+class CausalConv3d(Streamable, nn.Conv3d):
+    """``nn.Conv3d`` (same parameters and keys) that pads time itself.
+
+    ``time_pad``: "causal" or "symmetric"; ``spatial_pad``: "zeros" or "replicate". The spatial
+    padding is ``(k - 1) // 2`` per side unless ``spatial_padding`` gives it (0 for convs whose
+    caller pads, e.g. Magvit's stride-2 down-samplers)."""
+
+    def __init__(self, cin: int, cout: int, kernel: Size3, stride: Size3 = 1, dilation: Size3 = 1,
+                 time_pad: str = "causal", spatial_pad: str = "zeros", spatial_padding: Optional[int] = None,
+                 bias: bool = True):
+        kt, kh, kw = _triple(kernel)
+        ph = (kh - 1) // 2 if spatial_padding is None else spatial_padding
+        pw = (kw - 1) // 2 if spatial_padding is None else spatial_padding
+        if time_pad not in ("causal", "symmetric") or spatial_pad not in ("zeros", "replicate"):
+            raise ValueError(f"time_pad={time_pad!r}, spatial_pad={spatial_pad!r}")
+        # zero spatial padding is the conv's own (fused); replicate padding is explicit
+        own = (0, ph, pw) if spatial_pad == "zeros" else 0
+        super().__init__(cin, cout, (kt, kh, kw), stride=stride, dilation=dilation, padding=own, bias=bias)
+        self.time_pad, self.spatial_pad = time_pad, spatial_pad
+        self._replicate = (pw, pw, ph, ph, 0, 0) if spatial_pad == "replicate" and (ph or pw) else None
+        self._cache: Optional[torch.Tensor] = None
+
+    @property
+    def time_span(self) -> int:
+        """Frames of padding in front of a causal clip: (k_t - 1) * dilation."""
+        return (self.kernel_size[0] - 1) * self.dilation[0]
+
+    def reset_stream(self, on: bool) -> None:
+        super().reset_stream(on)
+        self._cache = None
+
+    def pad_time(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.time_span
+        if self.streaming:
+            if self.time_pad != "causal":
+                raise RuntimeError("a non-causal (symmetric) conv cannot run chunk by chunk")
+            head = self._cache if self._cache is not None else x[:, :, :1].expand(-1, -1, p, -1, -1)
+            x = torch.cat([head, x], dim=2) if head.shape[2] else x
+            # keep every frame from the first window not produced yet
+            n_out = max(0, (x.shape[2] - p - 1) // self.stride[0] + 1)
+            self._cache = x[:, :, n_out * self.stride[0]:].clone()
+            return x
+        if p == 0:
+            return x
+        if self.time_pad == "causal":
+            return torch.cat([x[:, :, :1].expand(-1, -1, p, -1, -1), x], dim=2)
+        front, back = p // 2, p - p // 2
+        return torch.cat([x[:, :, :1].expand(-1, -1, front, -1, -1), x,
+                          x[:, :, -1:].expand(-1, -1, back, -1, -1)], dim=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pad_time(x)
+        if x.shape[2] < self.time_span + 1:      # a stream chunk too short to complete a window
+            return x.new_empty(x.shape[0], self.out_channels, 0, *self._spatial_out(x.shape[-2:]))
+        if self._replicate is not None:
+            x = F.pad(x, self._replicate, mode="replicate")
+        return super().forward(x)
+
+    def _spatial_out(self, hw) -> tuple[int, int]:
+        rep = self._replicate or (0,) * 6
+        pads = (rep[2] + self.padding[1], rep[0] + self.padding[2])
+        return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1 for n, p, k, s, d in
+                     zip(hw, pads, self.kernel_size[1:], self.stride[1:], self.dilation[1:]))
+
+
+def depth_to_space(x: torch.Tensor, st: int, sh: int, sw: int) -> torch.Tensor:
+    """(B, C*st*sh*sw, T, H, W) -> (B, C, T*st, H*sh, W*sw); channel order (C, st, sh, sw)."""
+    b, c, t, h, w = x.shape
+    c //= st * sh * sw
+    x = x.reshape(b, c, st, sh, sw, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
+    return x.reshape(b, c, t * st, h * sh, w * sw)
+
+
+def space_to_depth(x: torch.Tensor, st: int, sh: int, sw: int) -> torch.Tensor:
+    """Inverse of ``depth_to_space``: (B, C, T*st, H*sh, W*sw) -> (B, C*st*sh*sw, T, H, W)."""
+    b, c, t, h, w = x.shape
+    x = x.reshape(b, c, t // st, st, h // sh, sh, w // sw, sw).permute(0, 1, 3, 5, 7, 2, 4, 6)
+    return x.reshape(b, c * st * sh * sw, t // st, h // sh, w // sw)
+
+
+def frames(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, T, H, W) -> (B*T, C, H, W): per-frame ops (2-D convs, per-frame norms) on video."""
+    b, c, t, h, w = x.shape
+    return x.transpose(1, 2).reshape(b * t, c, h, w)
+
+
+def unframes(x: torch.Tensor, b: int) -> torch.Tensor:
+    """Inverse of ``frames``."""
+    bt, c, h, w = x.shape
+    return x.reshape(b, bt // b, c, h, w).transpose(1, 2)
