@@ -14,6 +14,12 @@ def bchw_to_image(x: torch.Tensor) -> torch.Tensor:
     return x.movedim(1, -1).contiguous()
 
 
+def frames_to_image(x: torch.Tensor) -> torch.Tensor:
+    """[B, C, H, W] -> IMAGE; video [B, C, T, H, W] -> IMAGE frames [B*T, H, W, C], as core's VAE Decode."""
+    y = bchw_to_image(x)
+    return y.reshape(-1, *y.shape[-3:]) if y.dim() == 5 else y
+
+
 def latent_out(latent_in: dict | None, samples: torch.Tensor) -> dict:
     out = dict(latent_in) if latent_in else {}
     out["samples"] = samples

@@ -124,6 +124,13 @@ class VAEDecodeTiled(VAEDecode):
 
     def decode(self, samples, vae, tile_size, overlap=64, temporal_size=64, temporal_overlap=8):
         overlap = tile_size // 4 if tile_size < overlap * 4 else overlap
+        temporal_overlap = temporal_overlap // 2 if temporal_size < temporal_overlap * 2 else temporal_overlap
+        ct = vae.temporal_compression_decode()
+        if ct is not None:
+            temporal_size = max(2, temporal_size // ct)
+            temporal_overlap = max(1, min(temporal_size // 2, temporal_overlap // ct))
+        else:
+            temporal_size = temporal_overlap = None
         c = vae.spacial_compression_decode()
         images = vae.decode_tiled(samples["samples"], tile_x=tile_size // c, tile_y=tile_size // c,
                                   overlap=overlap // c, tile_t=temporal_size, overlap_t=temporal_overlap)

@@ -30,14 +30,31 @@ class VAEKitVAE:
     def latent_channels(self) -> int:
         return self.handle.caps.latent_channels_packed
 
+    # image VAEs: one ratio; video VAEs: (frames, h, w) as core's, frame counts by core's formulas
     @property
-    def downscale_ratio(self) -> int:
-        return self.handle.caps.spatial_ratio_packed
+    def downscale_ratio(self):
+        s, r = self.handle.caps.spatial_ratio_packed, self.handle.caps.temporal_ratio
+        return (lambda a: max(0, (a + r - 1) // r), s, s) if r else s
 
-    upscale_ratio = downscale_ratio
-    latent_dim = 2
-    downscale_index_formula = upscale_index_formula = None
-    not_video = True
+    @property
+    def upscale_ratio(self):
+        s, r = self.handle.caps.spatial_ratio_packed, self.handle.caps.temporal_ratio
+        return (lambda a: max(0, r * a - (r - 1)), s, s) if r else s
+
+    @property
+    def downscale_index_formula(self):
+        s, r = self.handle.caps.spatial_ratio_packed, self.handle.caps.temporal_ratio
+        return (r, s, s) if r else None
+
+    upscale_index_formula = downscale_index_formula
+
+    @property
+    def latent_dim(self) -> int:
+        return 3 if self.handle.is_video else 2
+
+    @property
+    def not_video(self) -> bool:
+        return not self.handle.is_video
 
     @property
     def output_channels(self) -> int:
@@ -48,12 +65,12 @@ class VAEKitVAE:
         return self.handle.dtype
 
     def spacial_compression_decode(self) -> int:
-        return self.downscale_ratio
+        return self.handle.caps.spatial_ratio_packed
 
     spacial_compression_encode = spacial_compression_decode
 
     def temporal_compression_decode(self):
-        return None
+        return self.handle.caps.temporal_ratio
 
     def throw_exception_if_invalid(self) -> None:
         return None
@@ -65,31 +82,42 @@ class VAEKitVAE:
         return f"VAEKitVAE({self.handle!r})"
 
     # -- calls core makes (latent units for decode_tiled, pixels for encode_tiled, as core) --
+    def _out(self, images: torch.Tensor) -> torch.Tensor:
+        """[B, C, H, W] -> IMAGE; video [B, C, T, H, W] -> [B, T, H, W, C] (core's VAEDecode flattens it)."""
+        return bchw_to_image(images)
+
+    def _clip(self, pixels: torch.Tensor) -> torch.Tensor:
+        """IMAGE -> model layout. A video VAE takes the whole IMAGE batch as one clip, as core does."""
+        pixels = center_crop_to_multiple(pixels, self.handle.caps.spatial_ratio_packed)
+        x = image_to_bchw(pixels)
+        return x.movedim(1, 0).unsqueeze(0) if self.handle.is_video else x
+
     def decode(self, samples: torch.Tensor, vae_options: Optional[dict] = None) -> torch.Tensor:
         _comfy.prepare(self.handle)
-        return bchw_to_image(self.handle.decode(samples, progress=_comfy.progress_callback(),
-                                                out_device=_comfy.intermediate_device()))
+        return self._out(self.handle.decode(samples, progress=_comfy.progress_callback(),
+                                            out_device=_comfy.intermediate_device(), **(vae_options or {})))
 
     def decode_tiled(self, samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
-        r = self.downscale_ratio
+        r = self.spacial_compression_decode()
+        rt = self.handle.caps.temporal_ratio or 1
         tile = (int(tile_y or 64) * r, int(tile_x or 64) * r)
         _comfy.prepare(self.handle)
-        return bchw_to_image(self.handle.decode(samples, tile=tile, overlap=int(overlap or 16) * r,
-                                                progress=_comfy.progress_callback(),
-                                                out_device=_comfy.intermediate_device()))
+        return self._out(self.handle.decode(samples, tile=tile, overlap=int(overlap or 16) * r,
+                                            tile_frames=int(tile_t) * rt if tile_t else None,
+                                            overlap_frames=int(overlap_t or 1) * rt,
+                                            progress=_comfy.progress_callback(),
+                                            out_device=_comfy.intermediate_device()))
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
-        pixels = center_crop_to_multiple(pixels, self.downscale_ratio)
         _comfy.prepare(self.handle)
-        return self.handle.encode(image_to_bchw(pixels), progress=_comfy.progress_callback(),
+        return self.handle.encode(self._clip(pixels), progress=_comfy.progress_callback(),
                                   out_device=_comfy.intermediate_device())
 
     def encode_tiled(self, pixels, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
-        pixels = center_crop_to_multiple(pixels, self.downscale_ratio)
         _comfy.prepare(self.handle)
-        return self.handle.encode(image_to_bchw(pixels), tile=(int(tile_y or 512), int(tile_x or 512)),
-                                  overlap=int(overlap or 64), progress=_comfy.progress_callback(),
-                                  out_device=_comfy.intermediate_device())
+        return self.handle.encode(self._clip(pixels), tile=(int(tile_y or 512), int(tile_x or 512)),
+                                  overlap=int(overlap or 64), tile_frames=tile_t, overlap_frames=overlap_t,
+                                  progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
 
 
 class CoreVAEEngine:
@@ -99,23 +127,40 @@ class CoreVAEEngine:
     def __init__(self, core):
         self.core = core
         self.ratio = int(core.spacial_compression_decode())
+        self.frames = getattr(core, "temporal_compression_decode", lambda: None)()
+        self.is_video = self.frames is not None
         self.name = f"core VAE ({type(core.first_stage_model).__name__})"
 
-    def decode(self, z, tile=None, overlap=None, progress=None, out_device=None):
+    def _plans(self, grid, tile, overlap, tile_frames, overlap_frames):
+        plans = tiling.plan_grid(grid[-2:], tile, overlap, self.ratio)
+        if self.is_video:
+            plans.insert(0, tiling.plan_frames(grid[0], tile_frames, overlap_frames, self.frames))
+        return plans
+
+    def _scales(self):
+        r = self.ratio
+        return ((1, 1, 1), (tiling.Frames(self.frames), r, r)) if self.is_video else ((1, 1), (r, r))
+
+    def decode(self, z, tile=None, overlap=None, progress=None, out_device=None, tile_frames=None,
+               overlap_frames=None, **options):
         def fn(t):
             return self.core.decode(t).movedim(-1, 1).float()
-        plans = tiling.plan_grid(z.shape[-2:], tile, overlap, self.ratio)
-        return tiling.run_tiled(fn, z, plans, (1, 1), (self.ratio, self.ratio), int(self.core.output_channels),
-                                out_device, progress=progress)
+        lat, px = self._scales()
+        plans = self._plans(z.shape[2:], tile, overlap, tile_frames, overlap_frames)
+        return tiling.run_tiled(fn, z, plans, lat, px, int(self.core.output_channels), out_device, progress=progress)
 
-    def encode(self, x, tile=None, overlap=None, progress=None, out_device=None):
-        def fn(t):
-            return self.core.encode(t.movedim(1, -1)).float()
+    def encode(self, x, tile=None, overlap=None, progress=None, out_device=None, tile_frames=None,
+               overlap_frames=None):
+        def fn(t):   # core takes IMAGE batches; a video VAE makes the batch one clip
+            return self.core.encode((t[0].movedim(0, -1) if self.is_video else t.movedim(1, -1))).float()
         r = self.ratio
         check_divisible(*x.shape[-2:], r, self.name)
-        plans = tiling.plan_grid((x.shape[-2] // r, x.shape[-1] // r), tile, overlap, r)
-        return tiling.run_tiled(fn, x, plans, (r, r), (1, 1), int(self.core.latent_channels), out_device,
-                                progress=progress)
+        grid = (x.shape[-2] // r, x.shape[-1] // r)
+        if self.is_video:
+            grid = ((x.shape[2] - 1) // self.frames + 1,) + grid
+        lat, px = self._scales()
+        return tiling.run_tiled(fn, x, self._plans(grid, tile, overlap, tile_frames, overlap_frames), px, lat,
+                                int(self.core.latent_channels), out_device, progress=progress)
 
 
 _converted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

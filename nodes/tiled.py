@@ -6,7 +6,7 @@ import torch
 from ..vae.errors import InputError
 from . import _comfy
 from .base import CATEGORY, names_node
-from .convert import bchw_to_image, image_to_bchw, latent_out
+from .convert import frames_to_image, image_to_bchw, latent_out
 from .socket import as_engine
 
 _TILE = ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32,
@@ -17,10 +17,25 @@ _OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
                     "tooltip": "Pixels shared by neighbouring tiles and blended (at most half the tile). "
                                "More overlap hides seams better and costs a little more time."})
 _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4,
-                     "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; ignored by image VAEs."})
+                     "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; a clip no longer than "
+                                "this is one pass in time. Ignored by image VAEs."})
 _TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4,
-                             "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs; "
-                                        "ignored by image VAEs."})
+                             "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs (at least one "
+                                        "latent frame: a later tile's first latent frame is context only, its frames "
+                                        "are dropped). Ignored by image VAEs."})
+# Inputs of timestep-conditioned decoders (LTX-Video 0.9.1+); other VAEs ignore them.
+_DECODE_OPTIONS = {
+    "decode_timestep": ("FLOAT", {"default": 0.05, "min": 0.0, "max": 1.0, "step": 0.001,
+                                  "tooltip": "LTX-Video 0.9.1+ only: the timestep the decoder is conditioned on "
+                                             "(ComfyUI's default 0.05). Ignored by other VAEs."}),
+    "decode_noise_scale": ("FLOAT", {"default": 0.025, "min": 0.0, "max": 1.0, "step": 0.001,
+                                     "tooltip": "LTX-Video 0.9.1+ only: share of noise mixed into the latent before "
+                                                "decoding (ComfyUI's default 0.025). Ignored by other VAEs."}),
+    "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF,
+                     "tooltip": "LTX-Video 0.9.1+ only: seed of that noise, so a decode repeats exactly. "
+                                "Ignored by other VAEs."}),
+}
+
 _TILING = {"tile_size": _TILE, "overlap": _OVERLAP, "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP}
 
 
@@ -38,16 +53,20 @@ class VAEKitTiledDecode:
         return {"required": {
             "samples": ("LATENT", {"tooltip": "The latent to decode (e.g. from a KSampler)."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
-            **_TILING}}
+            **_TILING},
+            "optional": _DECODE_OPTIONS}
 
     @names_node
-    def decode(self, samples, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8):
+    def decode(self, samples, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8,
+               decode_timestep=0.05, decode_noise_scale=0.025, seed=0):
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
         _prepare(engine)
-        images = engine.decode(z, tile=tile_size, overlap=overlap, progress=_comfy.progress_callback(),
-                               out_device=_comfy.intermediate_device())
-        return (bchw_to_image(images),)
+        images = engine.decode(z, tile=tile_size, overlap=overlap, tile_frames=temporal_size,
+                               overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
+                               out_device=_comfy.intermediate_device(),
+                               timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed)
+        return (frames_to_image(images),)
 
 
 class VAEKitTiledEncode:
@@ -73,8 +92,12 @@ class VAEKitTiledEncode:
             raise InputError(f"expected an IMAGE [N, H, W, C], got {type(pixels).__name__}"
                              f"{tuple(pixels.shape) if torch.is_tensor(pixels) else ''}.", input="pixels")
         _prepare(engine)
-        z = engine.encode(image_to_bchw(pixels), tile=tile_size, overlap=overlap,
-                          progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
+        x = image_to_bchw(pixels)
+        if getattr(engine, "is_video", False):      # the IMAGE batch is one clip, as core's VAE Encode
+            x = x.movedim(1, 0).unsqueeze(0)
+        z = engine.encode(x, tile=tile_size, overlap=overlap, tile_frames=temporal_size,
+                          overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
+                          out_device=_comfy.intermediate_device())
         return (latent_out(None, z),)
 
 

@@ -52,3 +52,49 @@ def diffusers_tiny(latent_channels: int = 4, width: int = 16):
         encoder_block_out_channels=(width,) * 4, decoder_block_out_channels=(width,) * 4,
         num_encoder_blocks=(1, 2, 2, 2), num_decoder_blocks=(2, 2, 2, 1),
         latent_channels=latent_channels).eval()
+
+
+class PointwiseVideo(torch.nn.Module):
+    """A stand-in video VAE without spatial mixing and with ``memory`` latent frames of causal
+    temporal mixing: latent 0 decodes to one frame, latent i to r frames. With memory 0 it is
+    'identity-like'; with memory 1 every frame also sees the previous latent (a causal decoder)."""
+
+    def __init__(self, channels: int = 4, r: int = 4, s: int = 8, memory: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.r, self.s, self.memory = r, s, memory
+        self.dec = torch.nn.Parameter(torch.randn(r, 3, channels, generator=g))      # per sub-frame
+        self.prev = torch.nn.Parameter(torch.randn(3, channels, generator=g) * 0.5)
+        self.enc = torch.nn.Parameter(torch.randn(channels, 3, generator=g))
+
+    def decode(self, z):
+        b, c, t, h, w = z.shape
+        out = torch.einsum("kdc,bcthw->btkdhw", self.dec, z)                      # (B, t, r, 3, h, w)
+        if self.memory:
+            prev = torch.cat([z[:, :, :1], z[:, :, :-1]], dim=2)
+            out = out + torch.einsum("dc,bcthw->btdhw", self.prev, prev)[:, :, None]
+        frames = torch.cat([out[:, 0, -1:], out[:, 1:].flatten(1, 2)], dim=1)      # 1 + r(t-1) frames
+        frames = frames.movedim(2, 1)                                                # (B, 3, T, h, w)
+        return frames.repeat_interleave(self.s, -1).repeat_interleave(self.s, -2)
+
+    def encode(self, x):
+        b, _, t, h, w = x.shape
+        x = torch.nn.functional.avg_pool3d(x, (1, self.s, self.s))
+        first, rest = x[:, :, :1], x[:, :, 1:]
+        groups = rest.reshape(b, 3, (t - 1) // self.r, self.r, h // self.s, w // self.s).mean(3)
+        return torch.einsum("cd,bdthw->bcthw", self.enc, torch.cat([first, groups], dim=2))
+
+
+def pointwise_video_vae(channels: int = 4, r: int = 4, s: int = 8, memory: int = 0, tile_frames: int = 16,
+                        package: str = "vae"):
+    """``package``: "vae" for library tests, "vaekit.vae" for node tests (the pack's own classes)."""
+    import importlib
+    VAE = importlib.import_module(f"{package}.handle").VAE
+    spec_mod = importlib.import_module(f"{package}.spec")
+    ArchSpec, Capabilities = spec_mod.ArchSpec, spec_mod.Capabilities
+    caps = Capabilities(latent_channels=channels, spatial_ratio=s, temporal_ratio=r, causal_decoder=True,
+                        causal_encoder=True, default_tile_frames=tile_frames)
+    spec = ArchSpec(id="pointwise-video", name="pointwise video stand-in", detect=lambda sd: False,
+                    to_canonical=dict, config_from_state_dict=lambda sd, hint: None,
+                    build=lambda cfg: PointwiseVideo(channels, r, s, memory), capabilities=lambda cfg: caps)
+    return VAE(spec, None, PointwiseVideo(channels, r, s, memory).eval())

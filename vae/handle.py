@@ -52,8 +52,13 @@ class VAE:
         # channels_last: oneDNN and cuDNN convolutions run natively in it; in NCHW, CPU convs convert
         # every activation back and forth (measured: 8% of an SD decode's time, 27% of its memory).
         device = torch.device(device) if device is not None else self.device
-        self.model.to(device, dtype or self.dtype, memory_format=torch.channels_last)
+        self.model.to(device, dtype or self.dtype, memory_format=self._memory_format)
         return self
+
+    @property
+    def _memory_format(self) -> torch.memory_format:
+        # video models run 3-D convs; channels_last applies to 4-D tensors only
+        return torch.contiguous_format if self.caps.temporal_ratio else torch.channels_last
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights in the canonical layout, contiguous (they run channels_last; safetensors and
@@ -61,7 +66,15 @@ class VAE:
         return {k: v.contiguous() for k, v in self.model.state_dict().items()}
 
     def _model_input(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
+        return t.to(self.device, self.dtype).contiguous(memory_format=self._memory_format)
+
+    @property
+    def is_video(self) -> bool:
+        return self.caps.temporal_ratio is not None
+
+    def frames_for(self, latent_frames: int) -> int:
+        """Pixel frames a clip of ``latent_frames`` decodes to: 1 + r*(t-1)."""
+        return 1 + self.caps.temporal_ratio * (latent_frames - 1)
 
     # ---- checks --------------------------------------------------------------------------------
     def check_latent(self, z: torch.Tensor, input: str = "samples") -> torch.Tensor:
@@ -70,11 +83,18 @@ class VAE:
         if not caps.can_decode:
             raise InputError("this VAE has no decoder (only an encoder file was loaded).", input="vae",
                              fix="load the matching *_decoder file too, or the pair by its stem name.")
-        if z.dim() == 5 and z.shape[2] == 1:
-            z = z[:, :, 0]
-        if z.dim() != 4:
-            raise InputError(f"expected an image latent [B, C, h, w] for {self.name}, got shape {tuple(z.shape)}.",
-                             input=input, fix="decode video latents with a video VAE.")
+        if self.is_video:
+            if z.dim() != 5:
+                raise InputError(f"{self.name} is a video VAE and takes video latents [B, C, frames, h, w]; "
+                                 f"got shape {tuple(z.shape)}.", input=input,
+                                 fix="connect the LATENT of a video model (e.g. its sampler's output); "
+                                     "an image latent belongs to an image VAE.")
+        else:
+            if z.dim() == 5 and z.shape[2] == 1:
+                z = z[:, :, 0]
+            if z.dim() != 4:
+                raise InputError(f"expected an image latent [B, C, h, w] for {self.name}, got shape {tuple(z.shape)}.",
+                                 input=input, fix="decode video latents with a video VAE.")
         c = z.shape[1]
         accepted = {caps.latent_channels_packed, caps.latent_channels}
         if c not in accepted:
@@ -93,58 +113,92 @@ class VAE:
         return z
 
     def check_image(self, x: torch.Tensor, input: str = "pixels") -> torch.Tensor:
-        """Validate images [B, C, H, W] in 0..1."""
+        """Validate images [B, C, H, W] (or clips [B, C, T, H, W] for a video VAE) in 0..1."""
         caps = self.caps
         if not caps.can_encode:
             raise InputError("this VAE has no encoder (only a decoder file was loaded).", input="vae",
                              fix="load the matching *_encoder file too, or the pair by its stem name.")
-        if x.dim() != 4 or x.shape[1] < caps.image_channels:
-            raise InputError(f"expected images with {caps.image_channels} channels, got shape {tuple(x.shape)}.",
+        dims = 5 if self.is_video else 4
+        if x.dim() != dims or x.shape[1] < caps.image_channels:
+            what = "clips [B, C, frames, H, W]" if self.is_video else "images [B, C, H, W]"
+            raise InputError(f"expected {what} with {caps.image_channels} channels, got shape {tuple(x.shape)}.",
                              input=input)
         x = x[:, : caps.image_channels]
-        r = caps.spatial_ratio_packed
-        h, w = x.shape[-2:]
-        if h % r or w % r:
-            raise InputError(
-                f"the image is {w}x{h} pixels; {self.name} needs width and height divisible by {r}.", input=input,
-                fix=f"crop or resize to {w // r * r}x{h // r * r} (e.g. core 'ImageCrop' or 'Upscale Image') first.")
+        check_divisible(*x.shape[-2:], caps.spatial_ratio_packed, self.name, input)
+        if self.is_video:
+            r, t = caps.temporal_ratio, x.shape[2]
+            if (t - 1) % r:
+                lo = (t - 1) // r * r + 1
+                raise InputError(f"the clip has {t} frames; {self.name} encodes 1 + {r}*k frames "
+                                 f"(one first frame, then groups of {r}).", input=input,
+                                 fix=f"use {lo} frames (drop the last {t - lo}) or {lo + r} "
+                                     f"(e.g. core 'ImageFromBatch' / 'RepeatImageBatch').")
         if not torch.isfinite(x).all():
             raise InputError("the image contains NaN/Inf values.", input=input,
                              fix="check the node that produced the image.")
         return x
 
     # ---- engines -------------------------------------------------------------------------------
-    def _plans(self, hw: tuple[int, int], tile: Tile, overlap: Optional[int]) -> list[tiling.AxisPlan]:
-        return tiling.plan_grid(hw, tile, overlap, self.caps.spatial_ratio)
+    def _plans(self, grid: tuple[int, ...], tile: Tile, overlap: Optional[int], tile_frames: Optional[int],
+               overlap_frames: Optional[int]) -> list[tiling.AxisPlan]:
+        plans = tiling.plan_grid(grid[-2:], tile, overlap, self.caps.spatial_ratio)
+        if self.is_video:
+            plans.insert(0, tiling.plan_frames(grid[0], tile_frames, overlap_frames, self.caps.temporal_ratio))
+        return plans
+
+    def _scales(self) -> tuple[tuple, tuple]:
+        """(latent units, pixel units) per tiled axis."""
+        r = self.caps.spatial_ratio
+        if self.is_video:
+            return (1, 1, 1), (tiling.Frames(self.caps.temporal_ratio), r, r)
+        return (1, 1), (r, r)
+
+    def decode_options(self, options: dict) -> dict:
+        """The decode inputs this model takes (e.g. LTX's timestep/noise_scale/seed); others are dropped."""
+        return {k: v for k, v in options.items() if k in self.caps.decode_options and v is not None}
 
     def decode(self, z: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
-               progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None) -> torch.Tensor:
-        """Latent [B, C, h, w] -> images [B, C, H, W] in 0..1, float32 on ``out_device`` (CPU)."""
+               progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
+               tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
+               **options) -> torch.Tensor:
+        """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]) in
+        0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
+        ``overlap_frames`` in pixel frames; ``options`` are model decode inputs (see decode_options)."""
         z = self.check_latent(z)
         lo, hi = self.caps.value_range
-        r = self.caps.spatial_ratio
+        opts = self.decode_options(options)
+        latent_units, pixel_units = self._scales()
 
         def fn(t: torch.Tensor) -> torch.Tensor:
-            y = self.model.decode(self._model_input(t))
+            y = self.model.decode(self._model_input(t), **opts)
             return (y.float() - lo) / (hi - lo)
 
         with torch.inference_mode():
-            out = tiling.run_tiled(fn, z, self._plans(z.shape[-2:], tile, overlap), (1, 1), (r, r),
-                                   self.caps.image_channels, torch.device(out_device or "cpu"), progress=progress)
+            if hasattr(self.model, "prepare_decode"):     # whole-latent steps (seeded noise) before tiling
+                z = self.model.prepare_decode(self._model_input(z), **opts)
+            plans = self._plans(z.shape[2:], tile, overlap, tile_frames, overlap_frames)
+            out = tiling.run_tiled(fn, z, plans, latent_units, pixel_units, self.caps.image_channels,
+                                   torch.device(out_device or "cpu"), progress=progress)
             return out.clamp_(0.0, 1.0)
 
     def encode(self, x: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
-               progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None) -> torch.Tensor:
-        """Images [B, C, H, W] in 0..1 -> LATENT tensor (packed the way the model family's LATENTs are)."""
+               progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
+               tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None) -> torch.Tensor:
+        """Images [B, C, H, W] (video: clips [B, C, T, H, W]) in 0..1 -> LATENT tensor (packed the way
+        the model family's LATENTs are)."""
         x = self.check_image(x)
         lo, hi = self.caps.value_range
         r = self.caps.spatial_ratio
+        latent_units, pixel_units = self._scales()
 
         def fn(t: torch.Tensor) -> torch.Tensor:
             return self.model.encode(self._model_input(t) * (hi - lo) + lo).float()
 
-        hw = (x.shape[-2] // r, x.shape[-1] // r)
+        grid = (x.shape[-2] // r, x.shape[-1] // r)
+        if self.is_video:
+            grid = ((x.shape[2] - 1) // self.caps.temporal_ratio + 1,) + grid
         with torch.inference_mode():
-            z = tiling.run_tiled(fn, x, self._plans(hw, tile, overlap), (r, r), (1, 1),
-                                 self.caps.latent_channels, torch.device(out_device or "cpu"), progress=progress)
+            z = tiling.run_tiled(fn, x, self._plans(grid, tile, overlap, tile_frames, overlap_frames),
+                                 pixel_units, latent_units, self.caps.latent_channels,
+                                 torch.device(out_device or "cpu"), progress=progress)
             return latents.pack(z, self.caps.latent_pack)

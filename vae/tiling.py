@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -28,26 +28,60 @@ def needs_tiling(length: int, tile: int) -> bool:
 class AxisPlan:
     length: int                              # latent units
     spans: tuple[tuple[int, int], ...]       # [start, end) per tile, latent units
+    # causal time axis: a tile starting at latent a > 0 rebuilds latent a (or its last frame) from a
+    # single frame, so that first element is context only and is dropped from the tile's output
+    causal: bool = False
 
     @property
     def tiled(self) -> bool:
         return len(self.spans) > 1
 
 
-def plan_axis(length: int, tile: int, overlap: int) -> AxisPlan:
+@dataclass(frozen=True)
+class Frames:
+    """The time axis of a causal video VAE in pixel frames: latent frames [a, b) <-> pixel frames
+    [r*a, r*(b-1) + 1). A clip's first latent frame stands for one frame and every later one for r,
+    so a tile that starts at latent a reproduces frame r*a as its first frame."""
+    r: int
+
+
+Scale = Union[int, Frames]
+
+
+def _span(scale: Scale, a: int, b: int) -> tuple[int, int]:
+    if isinstance(scale, Frames):
+        return scale.r * a, scale.r * (b - 1) + 1
+    return a * scale, b * scale
+
+
+def _total(scale: Scale, length: int) -> int:
+    return _span(scale, 0, length)[1]
+
+
+def out_spans(plan: AxisPlan, scale: Scale) -> list[tuple[int, int]]:
+    """Where each tile's kept output lands, in output units (after a causal tile's first element is dropped)."""
+    spans = []
+    for a, b in plan.spans:
+        lo, hi = _span(scale, a, b)
+        spans.append((lo + (plan.causal and a > 0), hi))
+    return spans
+
+
+def plan_axis(length: int, tile: int, overlap: int, causal: bool = False) -> AxisPlan:
     """Cover ``length`` with the fewest tiles of at most ``tile`` + ``overlap``, all of one size.
 
     ``n = ceil(length / tile)`` tiles; each is ``ceil((length + (n-1)*overlap) / n)`` long and the
     starts are spread evenly, so every neighbouring pair shares at least ``overlap`` and edge tiles
     are never slivers (same shape for every tile: fewer recompiles, no thin tiles with bad context).
-    ``overlap`` is capped at ``tile // 2``."""
+    ``overlap`` is capped at ``tile // 2``. On a causal time axis tiles share at least one latent
+    frame: a later tile's first one is context only."""
     if not needs_tiling(length, tile):
-        return AxisPlan(length, ((0, length),))
-    overlap = max(0, min(overlap, tile // 2))
+        return AxisPlan(length, ((0, length),), causal)
+    overlap = max(1 if causal else 0, min(overlap, tile // 2))
     n = math.ceil(length / tile)
     size = min(length, math.ceil((length + (n - 1) * overlap) / n))
     starts = [round(i * (length - size) / (n - 1)) for i in range(n)]
-    return AxisPlan(length, tuple((s, s + size) for s in starts))
+    return AxisPlan(length, tuple((s, s + size) for s in starts), causal)
 
 
 def plan_grid(latent_shape: Sequence[int], tile_px, overlap_px: Optional[int], ratio: int) -> list[AxisPlan]:
@@ -58,30 +92,37 @@ def plan_grid(latent_shape: Sequence[int], tile_px, overlap_px: Optional[int], r
     return [plan_axis(n, max(1, t // ratio) if t else 0, o) for n, t in zip(latent_shape, tiles)]
 
 
-def axis_weights(plan: AxisPlan, scale: int) -> list[torch.Tensor]:
-    """Blend ramps per tile in output units (latent * ``scale``); they sum to 1 everywhere.
+def plan_frames(latent_frames: int, tile_frames: Optional[int], overlap_frames: Optional[int], r: int) -> AxisPlan:
+    """The causal time axis from pixel frames: a tile of ``tile_frames`` frames holds
+    ``tile_frames // r`` latent frames (at least 2: one of context, one of output)."""
+    tile = max(2, tile_frames // r) if tile_frames else 0
+    return plan_axis(latent_frames, tile, -(-(overlap_frames or 0) // r), causal=True)
+
+
+def axis_weights(plan: AxisPlan, scale: Scale) -> list[torch.Tensor]:
+    """Blend ramps per tile over its kept output (see ``out_spans``); they sum to 1 everywhere.
 
     Inside an overlap the ramp rises linearly across the whole shared region (pixel centres, so it
     never reaches exactly 0 or 1); outside overlaps the weight is 1."""
-    spans = plan.spans
+    spans = out_spans(plan, scale)
     ramps = []
     for i, (a, b) in enumerate(spans):
-        n = (b - a) * scale
+        n = b - a
         w = torch.ones(n, dtype=torch.float64)
         if i > 0:
-            shared = (spans[i - 1][1] - a) * scale
+            shared = spans[i - 1][1] - a
             if shared > 0:
                 w[:shared] = torch.minimum(w[:shared], (torch.arange(shared, dtype=torch.float64) + 0.5) / shared)
         if i < len(spans) - 1:
-            shared = (b - spans[i + 1][0]) * scale
+            shared = b - spans[i + 1][0]
             if shared > 0:
                 down = 1 - (torch.arange(shared, dtype=torch.float64) + 0.5) / shared
                 w[n - shared:] = torch.minimum(w[n - shared:], down)
         ramps.append(w)
-    total = torch.zeros(plan.length * scale, dtype=torch.float64)
-    for (a, _), w in zip(spans, ramps):
-        total[a * scale: a * scale + len(w)] += w
-    return [(w / total[a * scale: a * scale + len(w)]).float() for (a, _), w in zip(spans, ramps)]
+    total = torch.zeros(_total(scale, plan.length), dtype=torch.float64)
+    for (a, b), w in zip(spans, ramps):
+        total[a:b] += w
+    return [(w / total[a:b]).float() for (a, b), w in zip(spans, ramps)]
 
 
 def tile_count(plans: Sequence[AxisPlan]) -> int:
@@ -89,14 +130,16 @@ def tile_count(plans: Sequence[AxisPlan]) -> int:
 
 
 def run_tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, plans: Sequence[AxisPlan],
-              in_scale: Sequence[int], out_scale: Sequence[int], out_channels: int,
+              in_scale: Sequence[Scale], out_scale: Sequence[Scale], out_channels: int,
               out_device: Optional[torch.device] = None, out_dtype: torch.dtype = torch.float32,
               progress: Optional[Progress] = None) -> torch.Tensor:
     """Apply ``fn`` tile by tile over the trailing ``len(plans)`` axes of ``x`` and blend.
 
-    Output is a preallocated tensor on ``out_device`` (the intermediate device); each tile is moved
-    there, weighted and added, so memory is one output plus one tile's working set. ``progress``
-    is called after every tile and may raise to interrupt: the partial output is then dropped."""
+    Scales map latent units to the input and output of ``fn`` per axis: an int for space, ``Frames``
+    for a causal time axis in pixel frames. Output is a preallocated tensor on ``out_device`` (the
+    intermediate device); each tile is moved there, weighted and added, so memory is one output
+    plus one tile's working set. ``progress`` is called after every tile and may raise to
+    interrupt: the partial output is then dropped."""
     out_device = out_device or x.device
     k = len(plans)
     lead = x.shape[: x.dim() - k - 1]
@@ -106,20 +149,24 @@ def run_tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, plans
         if progress:
             progress(1, 1)
         return y.to(out_device, out_dtype)
-    out = torch.zeros(*lead, out_channels, *(p.length * s for p, s in zip(plans, out_scale)),
+    out = torch.zeros(*lead, out_channels, *(_total(s, p.length) for p, s in zip(plans, out_scale)),
                       device=out_device, dtype=out_dtype)
     weights = [axis_weights(p, s) for p, s in zip(plans, out_scale)]
+    kept = [out_spans(p, s) for p, s in zip(plans, out_scale)]
     for done, idx in enumerate(itertools.product(*(range(len(p.spans)) for p in plans)), 1):
         spans = [p.spans[i] for p, i in zip(plans, idx)]
-        src = x[(..., *(slice(a * s, b * s) for (a, b), s in zip(spans, in_scale)))]
+        src = x[(..., *(slice(*_span(s, a, b)) for (a, b), s in zip(spans, in_scale)))]
         y = fn(src)
-        expect = (*lead, out_channels, *((b - a) * s for (a, b), s in zip(spans, out_scale)))
+        expect = (*lead, out_channels, *(_span(s, 0, b - a)[1] for (a, b), s in zip(spans, out_scale)))
         if tuple(y.shape) != expect:
             raise RuntimeError(f"tile function returned {tuple(y.shape)}, expected {expect}")
+        dst_spans = [kept[d][i] for d, i in enumerate(idx)]
+        # drop what a causal tile rebuilt from a single frame (its first output element)
+        y = y[(..., *(slice(y.shape[y.dim() - k + d] - (b - a), None) for d, (a, b) in enumerate(dst_spans)))]
         w = weights[0][idx[0]].reshape(-1, *([1] * (k - 1)))
         for d in range(1, k):
             w = w * weights[d][idx[d]].reshape(-1, *([1] * (k - 1 - d)))
-        dst = out[(..., *(slice(a * s, b * s) for (a, b), s in zip(spans, out_scale)))]
+        dst = out[(..., *(slice(a, b) for a, b in dst_spans))]
         dst.addcmul_(y.to(out_device, out_dtype), w.to(out_device))
         del y, src
         if progress:

@@ -10,16 +10,15 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..keymap import count_indices, linear_to_conv1x1, rename
+from ..keymap import count_indices
 from ..nn.attention import SpatialSelfAttention
 from ..nn.norm import GroupNorm
-from ..nn.resnet import MidBlock, ResnetBlock
+from ..nn.resnet import conv2d_1x1, conv2d_3x3
 from ..nn.sampling import Downsample2x, Upsample2x
 from ..spec import ArchSpec, Capabilities
+from . import ldm
 
 GROUPS, EPS = 32, 1e-6   # every published KL VAE; not recoverable from the weights
 
@@ -38,136 +37,41 @@ class KLConfig:
     has_decoder: bool = True
 
 
-def _level(blocks: list[nn.Module], resample: Optional[nn.Module], resample_name: str) -> nn.Module:
-    level = nn.Module()
-    level.block = nn.ModuleList(blocks)
-    if resample is not None:
-        setattr(level, resample_name, resample)
-    return level
+def _ops(cfg: KLConfig) -> ldm.Ops:
+    norm = lambda c: GroupNorm(GROUPS, c, eps=EPS)
+    attention = lambda c: SpatialSelfAttention(c, GROUPS, EPS) if cfg.mid_attention else None
+    return ldm.Ops(conv=conv2d_3x3, shortcut=conv2d_1x1, norm=norm, attention=attention)
 
 
-def _attention(cfg: KLConfig, channels: int) -> Optional[nn.Module]:
-    return SpatialSelfAttention(channels, GROUPS, EPS) if cfg.mid_attention else None
-
-
-class Encoder(nn.Module):
-    def __init__(self, cfg: KLConfig):
-        super().__init__()
-        widths = [cfg.ch * m for m in cfg.ch_mult]
-        self.conv_in = nn.Conv2d(cfg.in_channels, cfg.ch, 3, padding=1)
-        self.down = nn.ModuleList()
-        cin = cfg.ch
-        for i, w in enumerate(widths):
-            blocks = []
-            for _ in range(cfg.num_res_blocks):
-                blocks.append(ResnetBlock(cin, w, GROUPS, EPS))
-                cin = w
-            last = i == len(widths) - 1
-            self.down.append(_level(blocks, None if last else Downsample2x(w), "downsample"))
-        self.mid = MidBlock(cin, _attention(cfg, cin), GROUPS, EPS)
-        self.norm_out = GroupNorm(GROUPS, cin, eps=EPS)
-        self.conv_out = nn.Conv2d(cin, 2 * cfg.z_channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(x)
-        for level in self.down:
-            for block in level.block:
-                h = block(h)
-            if hasattr(level, "downsample"):
-                h = level.downsample(h)
-        h = self.mid(h)
-        return self.conv_out(F.silu(self.norm_out(h), inplace=True))
-
-
-class Decoder(nn.Module):
-    def __init__(self, cfg: KLConfig):
-        super().__init__()
-        widths = [cfg.ch * m for m in cfg.ch_mult]
-        cin = widths[-1]
-        self.conv_in = nn.Conv2d(cfg.z_channels, cin, 3, padding=1)
-        self.mid = MidBlock(cin, _attention(cfg, cin), GROUPS, EPS)
-        levels = []
-        for i in reversed(range(len(widths))):   # built coarse to fine, stored by level index
-            blocks = []
-            for _ in range(cfg.num_res_blocks + 1):
-                blocks.append(ResnetBlock(cin, widths[i], GROUPS, EPS))
-                cin = widths[i]
-            levels.insert(0, _level(blocks, Upsample2x(cin) if i != 0 else None, "upsample"))
-        self.up = nn.ModuleList(levels)
-        self.norm_out = GroupNorm(GROUPS, cin, eps=EPS)
-        self.conv_out = nn.Conv2d(cin, cfg.out_channels, 3, padding=1)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        h = self.mid(self.conv_in(z))
-        for level in reversed(self.up):
-            for block in level.block:
-                h = block(h)
-            if hasattr(level, "upsample"):
-                h = level.upsample(h)
-        return self.conv_out(F.silu(self.norm_out(h), inplace=True))
-
-
-class AutoencoderKL(nn.Module):
+class AutoencoderKL(ldm.Autoencoder):
     """encode: pixels in [-1, 1] -> the posterior mode (raw latent, as ComfyUI's LATENT holds it);
     decode: raw latent -> pixels in [-1, 1]. Latent scaling is the sampler's business, not ours."""
 
     def __init__(self, cfg: KLConfig):
-        super().__init__()
-        self.config = cfg
+        widths = [cfg.ch * m for m in cfg.ch_mult]
+        ops, last = _ops(cfg), len(widths) - 1
         quant = cfg.embed_dim is not None
+        encoder = decoder = quant_conv = post_quant_conv = None
         if cfg.has_encoder:
-            self.encoder = Encoder(cfg)
+            encoder = ldm.Encoder(cfg.ch, widths, cfg.num_res_blocks, cfg.in_channels, 2 * cfg.z_channels,
+                                  ops, downsample=lambda i, c: Downsample2x(c) if i != last else None)
             if quant:
-                self.quant_conv = nn.Conv2d(2 * cfg.z_channels, 2 * cfg.embed_dim, 1)
+                quant_conv = nn.Conv2d(2 * cfg.z_channels, 2 * cfg.embed_dim, 1)
         if cfg.has_decoder:
-            self.decoder = Decoder(cfg)
+            decoder = ldm.Decoder(widths, cfg.num_res_blocks, cfg.z_channels, cfg.out_channels, ops,
+                                  upsample=lambda i, c: Upsample2x(c) if i != 0 else None)
             if quant:
-                self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.encoder(x)
-        if hasattr(self, "quant_conv"):
-            h = self.quant_conv(h)
-        return h[:, : h.shape[1] // 2]
-
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "post_quant_conv"):
-            z = self.post_quant_conv(z)
-        return self.decoder(z)
+                post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
+        super().__init__(encoder, decoder, quant_conv, post_quant_conv)
+        self.config = cfg
 
 
 # ---- key layouts -------------------------------------------------------------------------------
 
-def _is_diffusers(keys) -> bool:
-    return any(".down_blocks." in k or ".up_blocks." in k or ".mid_block." in k for k in keys)
-
-
-def _from_diffusers(sd) -> dict:
-    n_up = count_indices(sd.keys(), "decoder.up_blocks")
-    flip = lambda m: str(n_up - 1 - int(m.group(1)))  # diffusers counts up blocks coarse-to-fine
-    rules = [
-        (r"\.conv_norm_out\.", ".norm_out."),
-        (r"^encoder\.down_blocks\.(\d+)\.resnets\.", r"encoder.down.\1.block."),
-        (r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample."),
-        (r"^decoder\.up_blocks\.(\d+)\.resnets\.", lambda m: f"decoder.up.{flip(m)}.block."),
-        (r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.", lambda m: f"decoder.up.{flip(m)}.upsample."),
-        (r"\.mid_block\.resnets\.0\.", ".mid.block_1."),
-        (r"\.mid_block\.resnets\.1\.", ".mid.block_2."),
-        (r"\.mid_block\.attentions\.0\.group_norm\.", ".mid.attn_1.norm."),
-        # current (to_q ...) and legacy (query ...) attention names
-        (r"\.mid_block\.attentions\.0\.(?:to_q|query)\.", ".mid.attn_1.q."),
-        (r"\.mid_block\.attentions\.0\.(?:to_k|key)\.", ".mid.attn_1.k."),
-        (r"\.mid_block\.attentions\.0\.(?:to_v|value)\.", ".mid.attn_1.v."),
-        (r"\.mid_block\.attentions\.0\.(?:to_out\.0|proj_attn)\.", ".mid.attn_1.proj_out."),
-        (r"\.conv_shortcut\.", ".nin_shortcut."),
-    ]
-    return linear_to_conv1x1(rename(sd, rules), r"\.mid\.attn_1\.(q|k|v|proj_out)\.weight$")
-
-
 def to_canonical(sd) -> dict:
     sd = dict(sd)
-    if _is_diffusers(sd.keys()):
-        sd = _from_diffusers(sd)
+    if ldm.is_diffusers(sd.keys()):
+        sd = ldm.from_diffusers(sd, ndim=4)
     # LDM checkpoints may carry loss/discriminator weights; they are not part of the VAE.
     return {k: v for k, v in sd.items() if not k.startswith("loss.")}
 

@@ -1,0 +1,157 @@
+"""The LDM encoder/decoder skeleton shared by the KL image VAEs and HunyuanVideo 1.0, and the
+diffusers -> LDM key rules for it.
+
+Canonical names (original LDM / ComfyUI): ``encoder.down.<i>.block.<j>``, ``encoder.down.<i>.downsample``,
+``{encoder,decoder}.mid.{block_1,attn_1,block_2}``, ``norm_out``, ``conv_out``; ``decoder.up.<i>`` is
+indexed like the encoder, so ``up.<n-1>`` runs first. A family supplies its convolutions, norm,
+attention and resamplers (``Ops`` and the resampler factories); the wiring is written once here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..keymap import count_indices, linear_to_conv1x1, rename
+from ..nn.resnet import ConvFactory, MidBlock, NormFactory, ResnetBlock
+
+# (level index, channels) -> the level's resampler, or None for a level without one
+ResampleFactory = Callable[[int, int], Optional[nn.Module]]
+
+
+@dataclass(frozen=True)
+class Ops:
+    conv: ConvFactory                                # 3x3 (3x3x3) conv that keeps the size
+    shortcut: ConvFactory                            # 1x1 conv of resnets that change width
+    norm: NormFactory
+    attention: Callable[[int], Optional[nn.Module]]  # mid-block attention; None: none
+
+    def resnet(self, cin: int, cout: int) -> ResnetBlock:
+        return ResnetBlock(cin, cout, conv=self.conv, shortcut=self.shortcut, norm=self.norm)
+
+    def mid(self, channels: int) -> MidBlock:
+        return MidBlock(channels, self.attention(channels), conv=self.conv, norm=self.norm)
+
+
+def _level(blocks: list[nn.Module], resample: Optional[nn.Module], resample_name: str) -> nn.Module:
+    level = nn.Module()
+    level.block = nn.ModuleList(blocks)
+    if resample is not None:
+        setattr(level, resample_name, resample)
+    return level
+
+
+class Encoder(nn.Module):
+    """``base``: the width of ``conv_in`` (LDM's ``ch``; the first level's width unless ``ch_mult[0] != 1``)."""
+
+    def __init__(self, base: int, widths: Sequence[int], num_res_blocks: int, in_channels: int,
+                 out_channels: int, ops: Ops, downsample: ResampleFactory):
+        super().__init__()
+        self.conv_in = ops.conv(in_channels, base)
+        self.down = nn.ModuleList()
+        cin = base
+        for i, w in enumerate(widths):
+            blocks = []
+            for _ in range(num_res_blocks):
+                blocks.append(ops.resnet(cin, w))
+                cin = w
+            self.down.append(_level(blocks, downsample(i, w), "downsample"))
+        self.mid = ops.mid(cin)
+        self.norm_out = ops.norm(cin)
+        self.conv_out = ops.conv(cin, out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(x)
+        for level in self.down:
+            for block in level.block:
+                h = block(h)
+            if hasattr(level, "downsample"):
+                h = level.downsample(h)
+        h = self.mid(h)
+        return self.conv_out(F.silu(self.norm_out(h), inplace=True))
+
+
+class Decoder(nn.Module):
+    def __init__(self, widths: Sequence[int], num_res_blocks: int, in_channels: int, out_channels: int,
+                 ops: Ops, upsample: ResampleFactory):
+        super().__init__()
+        cin = widths[-1]
+        self.conv_in = ops.conv(in_channels, cin)
+        self.mid = ops.mid(cin)
+        levels = []
+        for i in reversed(range(len(widths))):   # built coarse to fine, stored by level index
+            blocks = []
+            for _ in range(num_res_blocks + 1):
+                blocks.append(ops.resnet(cin, widths[i]))
+                cin = widths[i]
+            levels.insert(0, _level(blocks, upsample(i, cin), "upsample"))
+        self.up = nn.ModuleList(levels)
+        self.norm_out = ops.norm(cin)
+        self.conv_out = ops.conv(cin, out_channels)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        h = self.mid(self.conv_in(z))
+        for level in reversed(self.up):
+            for block in level.block:
+                h = block(h)
+            if hasattr(level, "upsample"):
+                h = level.upsample(h)
+        return self.conv_out(F.silu(self.norm_out(h), inplace=True))
+
+
+class Autoencoder(nn.Module):
+    """encode: pixels -> the posterior mode (the mean half of the moments, as ComfyUI's LATENT holds
+    it); decode: latent -> pixels. Either half may be absent (encoder- or decoder-only files);
+    ``quant_conv``/``post_quant_conv`` are the optional 1x1 convs around the latent."""
+
+    def __init__(self, encoder: Optional[nn.Module], decoder: Optional[nn.Module],
+                 quant_conv: Optional[nn.Module] = None, post_quant_conv: Optional[nn.Module] = None):
+        super().__init__()
+        # registered only when present, so the state dict holds exactly the file's keys
+        for name, m in (("encoder", encoder), ("quant_conv", quant_conv),
+                        ("decoder", decoder), ("post_quant_conv", post_quant_conv)):
+            if m is not None:
+                self.add_module(name, m)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if hasattr(self, "quant_conv"):
+            h = self.quant_conv(h)
+        return h[:, : h.shape[1] // 2]
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "post_quant_conv"):
+            z = self.post_quant_conv(z)
+        return self.decoder(z)
+
+
+# ---- diffusers key layout ----------------------------------------------------------------------
+
+def is_diffusers(keys) -> bool:
+    return any(".down_blocks." in k or ".up_blocks." in k or ".mid_block." in k for k in keys)
+
+
+def from_diffusers(sd, ndim: int) -> dict:
+    """diffusers ``down_blocks/up_blocks/mid_block`` names -> LDM names; the mid attention's Linear
+    weights become 1x1 convs of ``ndim`` dimensions (4: images, 5: video)."""
+    n_up = count_indices(sd.keys(), "decoder.up_blocks")
+    flip = lambda m: str(n_up - 1 - int(m.group(1)))  # diffusers counts up blocks coarse-to-fine
+    rules = [
+        (r"\.conv_norm_out\.", ".norm_out."),
+        (r"^encoder\.down_blocks\.(\d+)\.resnets\.", r"encoder.down.\1.block."),
+        (r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample."),
+        (r"^decoder\.up_blocks\.(\d+)\.resnets\.", lambda m: f"decoder.up.{flip(m)}.block."),
+        (r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.", lambda m: f"decoder.up.{flip(m)}.upsample."),
+        (r"\.mid_block\.resnets\.0\.", ".mid.block_1."),
+        (r"\.mid_block\.resnets\.1\.", ".mid.block_2."),
+        (r"\.mid_block\.attentions\.0\.group_norm\.", ".mid.attn_1.norm."),
+        # current (to_q ...) and legacy (query ...) attention names
+        (r"\.mid_block\.attentions\.0\.(?:to_q|query)\.", ".mid.attn_1.q."),
+        (r"\.mid_block\.attentions\.0\.(?:to_k|key)\.", ".mid.attn_1.k."),
+        (r"\.mid_block\.attentions\.0\.(?:to_v|value)\.", ".mid.attn_1.v."),
+        (r"\.mid_block\.attentions\.0\.(?:to_out\.0|proj_attn)\.", ".mid.attn_1.proj_out."),
+        (r"\.conv_shortcut\.", ".nin_shortcut."),
+    ]
+    return linear_to_conv1x1(rename(sd, rules), r"\.mid\.attn_1\.(q|k|v|proj_out)\.weight$", ndim=ndim)
