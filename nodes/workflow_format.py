@@ -18,6 +18,12 @@ def _is_widget(decl) -> bool:
     return isinstance(decl[0], list) or decl[0] in WIDGET_KINDS
 
 
+def _has_control(name: str, decl) -> bool:
+    """The frontend stores a 'control after generate' value (fixed/randomize...) after seed widgets."""
+    opts = decl[1] if len(decl) > 1 and isinstance(decl[1], dict) else {}
+    return decl[0] == "INT" and (name in ("seed", "noise_seed") or bool(opts.get("control_after_generate")))
+
+
 def api_to_ui(prompt: dict, classes: dict, positions: dict | None = None) -> dict:
     ids = {nid: i + 1 for i, nid in enumerate(prompt)}
     links: list[list] = []
@@ -29,7 +35,10 @@ def api_to_ui(prompt: dict, classes: dict, positions: dict | None = None) -> dic
         for name, decl in _inputs(cls):
             v = node["inputs"].get(name)
             if _is_widget(decl):
-                widgets.append(v)
+                if v is not None:
+                    widgets.append(v)
+                    if _has_control(name, decl):
+                        widgets.append("fixed")
                 continue
             lid = None
             if isinstance(v, list):
@@ -69,6 +78,8 @@ def ui_to_api(workflow: dict, classes: dict) -> dict[str, Any]:
                 inputs[name] = [str(l[1]), l[2]]
             elif _is_widget(decl) and values:
                 inputs[name] = values.pop(0)
+                if _has_control(name, decl) and values:
+                    values.pop(0)
         entry = {"class_type": node["type"], "inputs": inputs}
         if node.get("title"):
             entry["_meta"] = {"title": node["title"]}
