@@ -98,3 +98,25 @@ def pointwise_video_vae(channels: int = 4, r: int = 4, s: int = 8, memory: int =
                     to_canonical=dict, config_from_state_dict=lambda sd, hint: None,
                     build=lambda cfg: PointwiseVideo(channels, r, s, memory), capabilities=lambda cfg: caps)
     return VAE(spec, None, PointwiseVideo(channels, r, s, memory).eval())
+
+
+def assert_layouts_agree(layouts: dict, tmp_path, spec_id: str, run) -> None:
+    """Save each key layout as users have it on disk (a dict of tensors as .safetensors, a wrapped
+    one such as {"state_dict": ...} as a pickle checkpoint), load it with ``vae.load``, check the
+    family found, and require ``run(vae)`` to give bit-identical results for every layout."""
+    from safetensors.torch import save_file
+
+    import vae
+    first = None
+    for name, sd in layouts.items():
+        if all(torch.is_tensor(v) for v in sd.values()):
+            path = tmp_path / f"{name}.safetensors"
+            save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+        else:
+            path = tmp_path / f"{name}.pt"
+            torch.save(sd, path)
+        v = vae.load(path)
+        assert v.spec.id == spec_id, name
+        out = run(v)
+        first = out if first is None else first
+        assert torch.equal(out, first), name

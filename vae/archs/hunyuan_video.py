@@ -23,7 +23,6 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..errors import LoadError
 from ..keymap import count_indices, rename
 from ..nn.attention import SpatialSelfAttention
 from ..nn.causal import CausalConv3d
@@ -130,7 +129,6 @@ _UNWRAP = [(r"\.(conv_in|conv_out|conv1|conv2|nin_shortcut|conv)\.conv\.(weight|
 
 
 def to_canonical(sd) -> dict:
-    sd = dict(sd)
     if ldm.is_diffusers(sd.keys()):
         sd = ldm.from_diffusers(sd, ndim=5)
     return rename(sd, _UNWRAP)
@@ -144,18 +142,21 @@ def _conv_in(sd) -> Optional[torch.Tensor]:
     return None
 
 
+# every key of the family, canonical: the LDM parts and the quant convs (rejects look-alike encoders
+# paired with other decoders, e.g. MiniMax-H3's transformer decoder)
+_PARTS = re.compile(r"^((encoder|decoder)\.(conv_in|down|up|mid|norm_out|conv_out)|quant_conv|post_quant_conv)\.")
 _RESNET_NORM = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.block\.\d+\.norm1\.weight$")
 _RESAMPLER = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.(downsample|upsample)\.conv\.weight$")
 
 
 def detect(sd) -> bool:
-    """5-D convs, GroupNorm resnets (``norm1.weight``; HunyuanVideo 1.5 has RMS ``gamma``), and
-    width-keeping 3-D resamplers (the HunyuanImage refiner's change width; CogVideoX's are 2-D)."""
+    """5-D convs in the LDM parts only, GroupNorm resnets (``norm1.weight``; HunyuanVideo 1.5 has RMS
+    ``gamma``), width-keeping 3-D resamplers (the HunyuanImage refiner's change width, CogVideoX's are 2-D)."""
     w = _conv_in(sd)
     if w is None or w.dim() != 5:
         return False
     sd = to_canonical(sd)
-    if not any(_RESNET_NORM.match(k) for k in sd):
+    if not all(_PARTS.match(k) for k in sd) or not any(_RESNET_NORM.match(k) for k in sd):
         return False
     resamplers = [v for k, v in sd.items() if _RESAMPLER.match(k)]
     return bool(resamplers) and all(v.dim() == 5 and v.shape[0] == v.shape[1] for v in resamplers)
@@ -171,9 +172,6 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None) -> HunyuanVideoC
     the encoder's two deepest and the decoder's two last applied (ratio 4)."""
     keys = sd.keys()
     has_enc, has_dec = "encoder.conv_in.weight" in sd, "decoder.conv_in.weight" in sd
-    if not (has_enc or has_dec):
-        raise LoadError("a HunyuanVideo VAE file without encoder.conv_in or decoder.conv_in.",
-                        fix="the file is incomplete; download it again.")
     down = up = ()
     if has_enc:
         levels = count_indices(keys, "encoder.down")
@@ -182,11 +180,11 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None) -> HunyuanVideoC
         latent = sd["encoder.conv_out.weight"].shape[0] // 2
         present = [f"encoder.down.{i}.downsample.conv.weight" in sd for i in range(levels)]
         down = _strides(present, [i for i, p in enumerate(present) if p][-TIME_STAGES:])
-    if has_dec:
+    else:
         levels = count_indices(keys, "decoder.up")
-        widths = [sd[f"decoder.up.{i}.block.0.conv2.weight"].shape[0] for i in range(levels)] \
-            if not has_enc else widths
-        layers = count_indices(keys, "decoder.up.0.block") - 1 if not has_enc else layers
+        widths = [sd[f"decoder.up.{i}.block.0.conv2.weight"].shape[0] for i in range(levels)]
+        layers = count_indices(keys, "decoder.up.0.block") - 1
+    if has_dec:
         latent = sd["decoder.conv_in.weight"].shape[1]
         present = [f"decoder.up.{i}.upsample.conv.weight" in sd for i in range(levels)]
         up = _strides(present, [i for i, p in enumerate(present) if p][:TIME_STAGES])

@@ -184,8 +184,8 @@ class MochiVAE(nn.Module):
             raise InputError(
                 f"Mochi encodes clips of 1 + {r}k frames with sides divisible by {s}; got {t} frames of {w}x{h}.",
                 input="pixels", fix=f"trim to {(t - 1) // r * r + 1} frames and crop to {w // s * s}x{h // s * s}.")
-        h = self.encoder(x)
-        return h[:, : self.config.latent_channels]
+        # (mean, logvar) in channels: the mode is the mean
+        return self.encoder(x)[:, : self.config.latent_channels]
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         return self.decoder(z)

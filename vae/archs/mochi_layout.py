@@ -121,7 +121,7 @@ def config_fields(sd) -> dict:
         stages = [i for i in range(1, n) if f"encoder.layers.{i}.layers.0.weight" in sd]   # down blocks
         widths, blocks, attention, temporal, spatial = [sd["encoder.layers.0.weight"].shape[0]], [], [], [], []
         blocks.append(stages[0] - 1)
-        attention.append(f"encoder.layers.1.attn_block.attn.qkv.weight" in sd)
+        attention.append("encoder.layers.1.attn_block.attn.qkv.weight" in sd)
         for i in stages:
             w = sd[f"encoder.layers.{i}.layers.0.weight"]
             widths.append(w.shape[0])
@@ -141,7 +141,8 @@ def config_fields(sd) -> dict:
         blocks = [_resblocks(keys, "decoder.blocks.0") - 1]
         expand = []
         for i in range(1, n - 1):
-            widths.append(sd[f"decoder.blocks.{i + 1}.{'blocks.' if i + 1 < n - 1 else ''}0.stack.0.weight"].shape[0])
+            after = f"decoder.blocks.{i + 1}.blocks.0" if i + 1 < n - 1 else f"decoder.blocks.{i + 1}.0"
+            widths.append(sd[f"{after}.stack.0.weight"].shape[0])          # the next block's width
             blocks.append(_resblocks(keys, f"decoder.blocks.{i}.blocks"))
             expand.append(sd[f"decoder.blocks.{i}.proj.weight"].shape[0] // widths[-1])
         blocks.append(_resblocks(keys, f"decoder.blocks.{n - 1}"))

@@ -143,9 +143,11 @@ def to_canonical(sd) -> dict:
 
 def detect(sd) -> bool:
     keys = sd.keys()
-    return (f"{DEC}.1.weight" in sd or f"{ENC}.0.weight" in sd
-            or "decoder.layers.0.weight" in sd or "encoder.layers.0.weight" in sd
-            or (("0.weight" in sd or "1.weight" in sd) and any(re.match(r"\d+\.conv\.0\.weight$", k) for k in keys)))
+    # 2-D convs only: genmo's Mochi encoder also has `encoder.layers.0.weight` (a Linear)
+    conv = lambda k: k in sd and sd[k].dim() == 4
+    return (conv(f"{DEC}.1.weight") or conv(f"{ENC}.0.weight")
+            or conv("decoder.layers.0.weight") or conv("encoder.layers.0.weight")
+            or ((conv("0.weight") or conv("1.weight")) and any(re.match(r"\d+\.conv\.0\.weight$", k) for k in keys)))
 
 
 def _indices(sd, prefix: str) -> list[int]:

@@ -52,7 +52,7 @@ def set_streaming(module: nn.Module, on: bool) -> int:
 class CausalConv3d(Streamable, nn.Conv3d):
     """``nn.Conv3d`` (same parameters and keys) that pads time itself.
 
-    ``time_pad``: "causal" or "symmetric"; ``spatial_pad``: "zeros" or "replicate". The spatial
+    ``time_pad``: "causal" or "symmetric"; ``spatial_pad``: "zeros", "replicate" or "reflect". The spatial
     padding is ``(k - 1) // 2`` per side unless ``spatial_padding`` gives it (0 for convs whose
     caller pads, e.g. Magvit's stride-2 down-samplers)."""
 
@@ -60,16 +60,23 @@ class CausalConv3d(Streamable, nn.Conv3d):
                  time_pad: str = "causal", spatial_pad: str = "zeros", spatial_padding: Optional[int] = None,
                  bias: bool = True):
         kt, kh, kw = _triple(kernel)
-        ph = (kh - 1) // 2 if spatial_padding is None else spatial_padding
-        pw = (kw - 1) // 2 if spatial_padding is None else spatial_padding
-        if time_pad not in ("causal", "symmetric") or spatial_pad not in ("zeros", "replicate"):
-            raise ValueError(f"time_pad={time_pad!r}, spatial_pad={spatial_pad!r}")
-        # zero spatial padding is the conv's own (fused); replicate padding is explicit
-        own = (0, ph, pw) if spatial_pad == "zeros" else 0
-        super().__init__(cin, cout, (kt, kh, kw), stride=stride, dilation=dilation, padding=own, bias=bias)
-        self.time_pad, self.spatial_pad = time_pad, spatial_pad
-        self._replicate = (pw, pw, ph, ph, 0, 0) if spatial_pad == "replicate" and (ph or pw) else None
+        if time_pad not in ("causal", "symmetric"):
+            raise ValueError(f"time_pad={time_pad!r}")
+        super().__init__(cin, cout, (kt, kh, kw), stride=stride, dilation=dilation, bias=bias)
+        self.time_pad = time_pad
+        self._hw_pad = ((kh - 1) // 2 if spatial_padding is None else spatial_padding,
+                        (kw - 1) // 2 if spatial_padding is None else spatial_padding)
+        self.set_spatial_pad(spatial_pad)
         self._cache: Optional[torch.Tensor] = None
+
+    def set_spatial_pad(self, mode: str) -> None:
+        """zeros: the conv's own (fused) padding; replicate / reflect: explicit, before the conv."""
+        if mode not in ("zeros", "replicate", "reflect"):
+            raise ValueError(f"spatial_pad={mode!r}")
+        ph, pw = self._hw_pad
+        self.spatial_pad = mode
+        self.padding = (0, ph, pw) if mode == "zeros" else (0, 0, 0)
+        self._replicate = (pw, pw, ph, ph, 0, 0) if mode != "zeros" and (ph or pw) else None
 
     @property
     def time_span(self) -> int:
@@ -104,7 +111,10 @@ class CausalConv3d(Streamable, nn.Conv3d):
         if x.shape[2] < self.time_span + 1:      # a stream chunk too short to complete a window
             return x.new_empty(x.shape[0], self.out_channels, 0, *self._spatial_out(x.shape[-2:]))
         if self._replicate is not None:
-            x = F.pad(x, self._replicate, mode="replicate")
+            mode = self.spatial_pad
+            if mode == "reflect" and min(x.shape[-2:]) <= max(self._hw_pad):
+                mode = "replicate"      # a 1-pixel side has nothing to reflect
+            x = F.pad(x, self._replicate, mode=mode)
         return super().forward(x)
 
     def _spatial_out(self, hw) -> tuple[int, int]:

@@ -1,0 +1,195 @@
+"""Video decode benchmark: VAEKit's video VAEs against diffusers' at the DEFAULT (published) configs,
+on the CPU, in one run.
+
+    python bench/bench_video.py                       # all four families, latent 1 x C x 3 x 8 x 8
+    python bench/bench_video.py --families ltx,magvit # a subset
+    python bench/bench_video.py --frames 5 --json out.json
+
+For each family a diffusers model at its default config is built with random weights under a fixed
+seed and saved to a temporary .safetensors file; both libraries load those same weights. Every
+(family, library) runs in its own subprocess, so peak RSS is per run (the peak mark is reset after
+loading, as in bench_decode.py: ``working set`` = peak RSS during the decodes - RSS after load).
+Both outputs are mapped to 0..1 and compared: max abs difference over all frames, and for Mochi,
+whose original (genmo/ComfyUI) frame semantics we follow while diffusers differs in the early
+frames, also the first frame from which every later frame agrees within 1e-4. Nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+from bench_decode import MIB, _maxrss_kib, _reset_peak, _vm_rss_kib
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 0
+
+# family -> (diffusers class, constructor kwargs, latent channels, extra diffusers setup)
+FAMILIES = {
+    "mochi": ("AutoencoderKLMochi", {}, 12),
+    "ltx": ("AutoencoderKLLTXVideo", {}, 128),                # 0.9.0 = the default config
+    "hunyuan_video": ("AutoencoderKLHunyuanVideo", {}, 16),
+    "magvit": ("AutoencoderKLMagvit", {}, 16),
+}
+
+
+def _diffusers(family: str, weights: Path):
+    import diffusers
+    import torch
+    from safetensors.torch import load_file
+
+    cls_name, kwargs, _ = FAMILIES[family]
+    with torch.device("meta"):
+        model = getattr(diffusers, cls_name)(**kwargs)
+    model.load_state_dict(load_file(str(weights)), strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    # one pass, no framewise/temporal tiling (HunyuanVideo turns framewise decoding on by default)
+    for flag in ("use_framewise_decoding", "use_framewise_encoding", "use_tiling"):
+        if hasattr(model, flag):
+            setattr(model, flag, False)
+
+    def decode(z):
+        return (model.decode(z).sample / 2 + 0.5).clamp_(0, 1)
+    return decode, model
+
+
+def _ours(weights: Path):
+    sys.path.insert(0, str(ROOT))
+    import vae
+
+    v = vae.load(weights)
+    return v.decode, v.model
+
+
+def worker(args) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(args.threads)
+    tmp = Path(args.tmp)
+    weights = tmp / f"{args.family}.safetensors"
+    z = torch.from_numpy(np.load(tmp / f"{args.family}_latent.npy"))
+    decode, model = (_diffusers(args.family, weights) if args.worker == "diffusers" else _ours(weights))
+    with torch.no_grad():                      # page every weight in: that is loading, not decoding
+        for t in [*model.parameters(), *model.buffers()]:
+            t.sum()
+    gc.collect()
+    rss_load = _vm_rss_kib()
+    reset = _reset_peak()
+    times, out = [], None
+    with torch.inference_mode():
+        for _ in range(args.repeat):
+            out = None
+            t0 = time.perf_counter()
+            out = decode(z)
+            times.append(time.perf_counter() - t0)
+    peak = _maxrss_kib()
+    np.save(tmp / f"{args.family}_{args.worker}.npy", out.float().numpy())
+    (tmp / f"{args.family}_{args.worker}.json").write_text(json.dumps(dict(
+        times_s=times, best_s=min(times), rss_after_load_mib=rss_load / MIB, peak_rss_mib=peak / MIB,
+        working_set_mib=(peak - rss_load) / MIB, peak_reset=reset, shape=list(out.shape))))
+
+
+def _prepare(family: str, tmp: Path, frames: int, size: int) -> None:
+    import diffusers
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    cls_name, kwargs, channels = FAMILIES[family]
+    torch.manual_seed(SEED)
+    model = getattr(diffusers, cls_name)(**kwargs)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / f"{family}.safetensors"))
+    g = torch.Generator().manual_seed(SEED)
+    np.save(tmp / f"{family}_latent.npy", torch.randn(1, channels, frames, size, size, generator=g).numpy())
+
+
+def _run(cmd: list[str], env: dict) -> bool:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        print(f"    FAILED ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", flush=True)
+    return proc.returncode == 0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--frames", type=int, default=3, help="latent frames")
+    p.add_argument("--size", type=int, default=8, help="latent height and width")
+    p.add_argument("--repeat", type=int, default=2, help="timed calls per run (no warm-up)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--family", help=argparse.SUPPRESS)
+    p.add_argument("--tmp", help=argparse.SUPPRESS)
+    p.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.prepare:
+        return _prepare(args.family, Path(args.tmp), args.frames, args.size)
+    if args.worker:
+        return worker(args)
+
+    import numpy as np      # the parent stays small: children's ru_maxrss starts at the parent's peak
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    me = [sys.executable, str(Path(__file__).resolve())]
+    print(f"video decode benchmark: latent 1 x C x {args.frames} x {args.size} x {args.size}, fp32, "
+          f"{args.threads} threads, {args.repeat} timed call(s), default (published) configs, random weights")
+    print(f"torch {metadata.version('torch')}, diffusers {metadata.version('diffusers')}, "
+          f"python {platform.python_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    rows = {}
+    for family in [f.strip() for f in args.families.split(",") if f.strip()]:
+        with tempfile.TemporaryDirectory(prefix="vaekit-video-") as d:
+            common = ["--family", family, "--tmp", d, "--frames", str(args.frames), "--size", str(args.size)]
+            print(f"  {family}: building the default-config model ...", flush=True)
+            if not _run(me + ["--prepare"] + common, env):
+                continue
+            res = {}
+            for lib in ("diffusers", "ours"):
+                print(f"    decoding with {lib} ...", flush=True)
+                if _run(me + ["--worker", lib, "--repeat", str(args.repeat), "--threads", str(args.threads)]
+                        + common, env):
+                    res[lib] = json.loads(Path(d, f"{family}_{lib}.json").read_text())
+            if len(res) == 2:
+                a, b = (np.load(Path(d, f"{family}_{lib}.npy")).astype(np.float64) for lib in ("ours", "diffusers"))
+                if a.shape == b.shape:
+                    per_frame = np.abs(a - b).max(axis=(0, 1, 3, 4))
+                    res["max_abs"] = float(per_frame.max())
+                    bad = np.nonzero(per_frame > 1e-4)[0]
+                    res["agree_from_frame"] = int(bad[-1] + 1) if len(bad) else 0
+                    res["frames"] = int(a.shape[2])
+                else:
+                    res["shape_mismatch"] = [list(a.shape), list(b.shape)]
+            rows[family] = res
+
+    print()
+    head = (f"{'family':<14} {'frames':>6} {'diffusers s':>12} {'ours s':>8} {'ratio':>6} "
+            f"{'diff. work MiB':>15} {'ours work MiB':>14} {'diff. peak':>11} {'ours peak':>10} "
+            f"{'max abs':>9} {'agree from':>10}")
+    print(head)
+    print("-" * len(head))
+    for family, r in rows.items():
+        dif, our = r.get("diffusers"), r.get("ours")
+        if not dif or not our:
+            print(f"{family:<14} failed")
+            continue
+        print(f"{family:<14} {r.get('frames', '-'):>6} {dif['best_s']:>12.2f} {our['best_s']:>8.2f} "
+              f"{our['best_s'] / dif['best_s']:>6.2f} {dif['working_set_mib']:>15.0f} {our['working_set_mib']:>14.0f} "
+              f"{dif['peak_rss_mib']:>11.0f} {our['peak_rss_mib']:>10.0f} {r.get('max_abs', float('nan')):>9.1e} "
+              f"{r.get('agree_from_frame', '-'):>10}")
+    print("\nratio = ours / diffusers best time (lower is faster); work = peak RSS during decoding - RSS after "
+          "load; 'agree from' = first frame from which all frames agree within 1e-4 (0 = all).")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

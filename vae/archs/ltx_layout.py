@@ -1,0 +1,101 @@
+"""LTX-Video VAE key layouts: detection and conversion to the canonical one.
+
+Canonical = the Lightricks original / ComfyUI names (``encoder.down_blocks.N`` and
+``decoder.up_blocks.N`` numbered as the original's block list, ``res_blocks``,
+``per_channel_statistics.mean-of-means``, ``decoder.last_time_embedder``) without the wrapper
+levels: our causal convs and LayerNorms hold their weights directly, so the original's
+``conv1.conv.weight`` / ``norm3.norm.weight`` are ``conv1.weight`` / ``norm3.weight`` here.
+One consequence: a canonical ``down_blocks.1.conv.weight`` is a 0.9.5 space-to-depth block's conv,
+the original's the 0.9.0 strided conv itself; layouts are told apart by ``conv_in.conv.weight``.
+
+diffusers' ``AutoencoderKLLTXVideo`` splits the original's list into down/up blocks with
+``resnets``, ``downsamplers.0``/``upsamplers.0``, ``conv_out``/``conv_in`` resnets and a
+``mid_block``; walking its blocks in execution order gives the original numbering for every
+version (facts: diffusers scripts/convert_ltx_to_diffusers.py)."""
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+import torch
+
+from ..keymap import count_indices, rename
+
+STATS = "per_channel_statistics."
+MEAN, STD = STATS + "mean-of-means", STATS + "std-of-means"   # the two the VAE uses
+WRAPPED = re.compile(r"^(encoder|decoder)\.conv_in\.conv\.weight$")
+RES_BLOCKS = re.compile(r"^(encoder\.down_blocks|decoder\.up_blocks)\.\d+\.res_blocks\.\d+\.conv1\.")
+
+
+def detect(sd: Mapping[str, torch.Tensor]) -> bool:
+    if any(k.startswith(STATS) or RES_BLOCKS.match(k) for k in sd):
+        return True                                   # original / ComfyUI / canonical
+    conv_in = sd.get("decoder.conv_in.conv.weight", sd.get("encoder.conv_in.conv.weight"))
+    # diffusers: the only video VAE with latents_mean/std buffers (LTX-2's are refused later)
+    return "latents_mean" in sd and "latents_std" in sd and conv_in is not None and conv_in.dim() == 5
+
+
+def _is_diffusers(keys) -> bool:
+    return any(".resnets." in k or ".mid_block." in k or k.startswith("latents_") for k in keys)
+
+
+def _diffusers_prefixes(keys) -> dict[str, str]:
+    """diffusers key prefix -> canonical prefix, numbering the original's blocks in execution order."""
+    keys = list(keys)
+    has = lambda p: any(k.startswith(p) for k in keys)
+    table: dict[str, str] = {}
+
+    def walk(side: str, stages: list[tuple[str, tuple[str, ...]]]) -> None:
+        n = 0
+        for src, parts in stages:
+            for part in parts:
+                if not has(src + part):
+                    continue
+                dst = f"{side}.{n}."
+                if part == "resnets.":        # a resnet group, with its timestep embedder if any
+                    table[src + "time_embedder."] = dst + "time_embedder."
+                    dst += "res_blocks."
+                table[src + part] = dst
+                n += 1
+
+    down = [(f"encoder.down_blocks.{i}.", ("resnets.", "downsamplers.0.", "conv_out."))
+            for i in range(count_indices(keys, "encoder.down_blocks"))]
+    walk("encoder.down_blocks", down + [("encoder.mid_block.", ("resnets.",))])
+    up = [(f"decoder.up_blocks.{i}.", ("conv_in.", "upsamplers.0.", "resnets."))
+          for i in range(count_indices(keys, "decoder.up_blocks"))]
+    walk("decoder.up_blocks", [("decoder.mid_block.", ("resnets.",))] + up)
+    table.update({"decoder.time_embedder.": "decoder.last_time_embedder.",
+                  "decoder.scale_shift_table": "decoder.last_scale_shift_table",
+                  "latents_mean": MEAN, "latents_std": STD})
+    return table
+
+
+def _from_diffusers(sd: dict) -> dict:
+    table = _diffusers_prefixes(sd.keys())
+    # one alternation, applied once per key: a renamed key must not match another source prefix
+    pattern = "^(?:" + "|".join(map(re.escape, sorted(table, key=len, reverse=True))) + ")"
+    return rename(sd, [(pattern, lambda m: table[m.group(0)])])
+
+
+def to_canonical(sd: Mapping[str, torch.Tensor]) -> dict:
+    sd = dict(sd)
+    if any(WRAPPED.match(k) for k in sd):            # original or diffusers (not yet canonical)
+        if _is_diffusers(sd.keys()):
+            sd = _from_diffusers(sd)
+        sd = rename(sd, [(r"\.conv\.(weight|bias)$", r".\1"), (r"\.norm3\.norm\.", ".norm3.")])
+    # the original also stores mean-of-stds, channel, ...: statistics the VAE never reads
+    return {k: v for k, v in sd.items() if not k.startswith(STATS) or k in (MEAN, STD)}
+
+
+def to_original(sd: Mapping[str, torch.Tensor]) -> dict:
+    """Canonical -> the Lightricks original / ComfyUI layout (what ComfyUI's VideoVAE loads): every
+    3-D conv but the 1x1x1 shortcut gets its ``.conv`` wrapper back, the shortcut LayerNorm its ``.norm``."""
+    out = {}
+    for k, v in sd.items():
+        stem, _, leaf = k.rpartition(".")
+        weight = sd.get(f"{stem}.weight")
+        if leaf in ("weight", "bias") and weight is not None and weight.dim() == 5 \
+                and not stem.endswith("conv_shortcut"):
+            k = f"{stem}.conv.{leaf}"
+        out[re.sub(r"\.norm3\.", ".norm3.norm.", k)] = v
+    return out
