@@ -3,13 +3,15 @@ on the CPU, in one run.
 
     python bench/bench_video.py                       # all four families, latent 1 x C x 3 x 8 x 8
     python bench/bench_video.py --families ltx,magvit # a subset
+    python bench/bench_video.py --families mochi --frames 11 --size 4   # past Mochi's 55 divergent frames
     python bench/bench_video.py --frames 5 --json out.json
 
 For each family a diffusers model at its default config is built with random weights under a fixed
 seed and saved to a temporary .safetensors file; both libraries load those same weights. Every
 (family, library) runs in its own subprocess, so peak RSS is per run (the peak mark is reset after
 loading, as in bench_decode.py: ``working set`` = peak RSS during the decodes - RSS after load).
-Both outputs are mapped to 0..1 and compared: max abs difference over all frames, and for Mochi,
+Both outputs are mapped to 0..1 and compared (LTX with zero padding on both sides: ours pads the
+decoder with reflect by default, as ComfyUI does): max abs difference over all frames, and for Mochi,
 whose original (genmo/ComfyUI) frame semantics we follow while diffusers differs in the early
 frames, also the first frame from which every later frame agrees within 1e-4. Nothing is asserted.
 """
@@ -61,11 +63,14 @@ def _diffusers(family: str, weights: Path):
     return decode, model
 
 
-def _ours(weights: Path):
+def _ours(family: str, weights: Path):
     sys.path.insert(0, str(ROOT))
     import vae
 
     v = vae.load(weights)
+    if family == "ltx":      # ours pads LTX's decoder with reflect, as ComfyUI; diffusers with zeros
+        from vae.archs import ltx
+        ltx.set_decoder_padding(v.model, "zeros")
     return v.decode, v.model
 
 
@@ -77,7 +82,7 @@ def worker(args) -> None:
     tmp = Path(args.tmp)
     weights = tmp / f"{args.family}.safetensors"
     z = torch.from_numpy(np.load(tmp / f"{args.family}_latent.npy"))
-    decode, model = (_diffusers(args.family, weights) if args.worker == "diffusers" else _ours(weights))
+    decode, model = (_diffusers(args.family, weights) if args.worker == "diffusers" else _ours(args.family, weights))
     with torch.no_grad():                      # page every weight in: that is loading, not decoding
         for t in [*model.parameters(), *model.buffers()]:
             t.sum()

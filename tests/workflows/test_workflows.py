@@ -11,10 +11,15 @@ import pytest
 import torch
 
 from helpers import ROOT
+from video_families import FAMILIES, RATIOS, tiny_state_dict
 
 WORKFLOWS = ROOT / "workflows"
 API = sorted(WORKFLOWS.glob("*_api.json"))
 DEMO = ROOT / "vae" / "demo"
+# the video workflows' VAE files and latents: tiny random-weight models under the names the graphs use
+VIDEO = {json.loads(p.read_text())["1"]["inputs"]["vae_name"]: p.stem.split("video_tiled_decode_")[1][: -len("_api")]
+         for p in API if p.name.startswith("video_tiled_decode_")}
+VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "hunyuan_video": (16, 10, 4, 4), "magvit": (16, 10, 4, 4)}
 
 
 @pytest.fixture
@@ -28,6 +33,19 @@ def comfy_dirs(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def video_dirs(comfy_dirs):
+    from safetensors.torch import save_file
+
+    from vaekit.vae.latents import write_latent_file
+    g = torch.Generator().manual_seed(0)
+    for name, family in VIDEO.items():
+        save_file(tiny_state_dict(family), str(comfy_dirs / "models" / "vae" / name))
+        write_latent_file(comfy_dirs / "input" / f"{family}_sample.latent",
+                          torch.randn(1, *VIDEO_LATENT[family], generator=g))
+    return comfy_dirs
+
+
 def test_every_api_workflow_has_a_ui_twin():
     assert len(API) >= 4
     names = {p.name for p in WORKFLOWS.glob("*.json")}
@@ -36,7 +54,8 @@ def test_every_api_workflow_has_a_ui_twin():
 
 
 @pytest.mark.parametrize("api_path", API, ids=lambda p: p.stem)
-def test_workflow_validates_and_ui_matches_api(pack, comfy_dirs, api_path):
+def test_workflow_validates_and_ui_matches_api(pack, video_dirs, api_path):
+    comfy_dirs = video_dirs
     from vaekit.nodes import headless
     from vaekit.nodes.workflow_format import ui_to_api
     headless._Dirs.input = comfy_dirs / "input"
@@ -93,3 +112,35 @@ def test_api_workflows_run_headless(pack, comfy_dirs):
     ui = run_prompt(load("core_nodes_with_vaekit_vae_api.json"), **kw)       # core nodes, our VAE
     assert _psnr(read_image(ui["5"]["images"][0]), original) > 20
     assert _psnr(read_image(ui["7"]["images"][0]), original) > 20
+
+
+def test_every_video_family_has_a_tiled_decode_workflow():
+    assert sorted(VIDEO.values()) == sorted(FAMILIES)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, family):
+    """Load Latent -> VAE Load -> Tiled Decode (tiled in time here) -> Save Image: one PNG per frame,
+    the frames of the library's own decode with the same tiles."""
+    from vaekit import vae as lib
+    from vaekit.nodes.headless import run_prompt
+    from vaekit.vae.imageio import read_image
+    api = json.loads((WORKFLOWS / f"video_tiled_decode_{family}_api.json").read_text())
+    torch.set_num_threads(1)
+    try:
+        ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
+        dec = api["3"]["inputs"]
+        z = lib.latents.read_latent_file(video_dirs / "input" / f"{family}_sample.latent")
+        v = lib.load(video_dirs / "models" / "vae" / api["1"]["inputs"]["vae_name"])
+        s, r = RATIOS[family]
+        assert z.shape[2] > dec["temporal_size"] // r, "the sample latent is tiled in time"
+        want = v.decode(z, tile=dec["tile_size"], overlap=dec["overlap"], tile_frames=dec["temporal_size"],
+                        overlap_frames=dec["temporal_overlap"], timestep=dec.get("decode_timestep"),
+                        noise_scale=dec.get("decode_noise_scale"), seed=dec.get("seed"))
+    finally:
+        torch.set_num_threads(2)
+    pngs = ui["4"]["images"]
+    assert len(pngs) == want.shape[2] == 1 + r * (z.shape[2] - 1)
+    for i in (0, len(pngs) // 2, len(pngs) - 1):
+        frame = want[0, :, i].movedim(0, -1)      # [H, W, 3]
+        assert (read_image(pngs[i]) - frame).abs().max() <= 1 / 255 + 1e-6      # PNG is 8-bit
