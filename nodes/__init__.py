@@ -1,7 +1,8 @@
 """Node classes; one file per node family."""
+from .framewise import VAEKitFramewiseDecode
 from .loader import VAEKitLoad
 from .tiled import VAEKitTiledDecode, VAEKitTiledEncode
 
-NODES = (VAEKitLoad, VAEKitTiledEncode, VAEKitTiledDecode)
+NODES = (VAEKitLoad, VAEKitTiledEncode, VAEKitTiledDecode, VAEKitFramewiseDecode)
 NODE_CLASS_MAPPINGS = {cls.__name__: cls for cls in NODES}
 NODE_DISPLAY_NAME_MAPPINGS = {cls.__name__: cls.DISPLAY_NAME for cls in NODES}

@@ -6,7 +6,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from . import latents, tiling
+from . import latents, streaming, tiling
 from .errors import InputError
 from .spec import ArchSpec, Capabilities
 
@@ -177,9 +177,25 @@ class VAE:
             if hasattr(self.model, "prepare_decode"):     # whole-latent steps (seeded noise) before tiling
                 z = self.model.prepare_decode(self._model_input(z), **opts)
             plans = self._plans(z.shape[2:], tile, overlap, tile_frames, overlap_frames)
-            out = tiling.run_tiled(fn, z, plans, latent_units, pixel_units, self.caps.image_channels,
-                                   torch.device(out_device or "cpu"), progress=progress)
+            out_device = torch.device(out_device or "cpu")
+            chunk = self._stream_chunk(z.shape[2], tile_frames, self.caps.stream_decode)
+            if chunk:
+                ins, outs = streaming.decode_chunks(z.shape[2], chunk, self.caps.temporal_ratio)
+                out = streaming.run_streamed(fn, self.model, z, ins, outs, plans[1:], (1, 1), pixel_units[1:],
+                                             self.caps.image_channels, self.frames_for(z.shape[2]), out_device,
+                                             progress)
+            else:
+                out = tiling.run_tiled(fn, z, plans, latent_units, pixel_units, self.caps.image_channels,
+                                       out_device, progress=progress)
             return out.clamp_(0.0, 1.0)
+
+    def _stream_chunk(self, latent_frames: int, tile_frames: Optional[int], declared: bool) -> int:
+        """Latent frames per chunk when the time axis is streamed (exact), else 0 (one pass, or
+        overlapping temporal tiles for models that cannot stream)."""
+        if not (self.is_video and declared and tile_frames):
+            return 0
+        chunk = max(1, tile_frames // self.caps.temporal_ratio)
+        return chunk if tiling.needs_tiling(latent_frames, chunk) else 0
 
     def encode(self, x: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
@@ -197,8 +213,15 @@ class VAE:
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:
             grid = ((x.shape[2] - 1) // self.caps.temporal_ratio + 1,) + grid
+        plans = self._plans(grid, tile, overlap, tile_frames, overlap_frames)
+        out_device = torch.device(out_device or "cpu")
         with torch.inference_mode():
-            z = tiling.run_tiled(fn, x, self._plans(grid, tile, overlap, tile_frames, overlap_frames),
-                                 pixel_units, latent_units, self.caps.latent_channels,
-                                 torch.device(out_device or "cpu"), progress=progress)
+            chunk = self._stream_chunk(grid[0], tile_frames, self.caps.stream_encode) if self.is_video else 0
+            if chunk:
+                ins, outs = streaming.encode_chunks(grid[0], chunk, self.caps.temporal_ratio)
+                z = streaming.run_streamed(fn, self.model, x, ins, outs, plans[1:], (r, r), (1, 1),
+                                           self.caps.latent_channels, grid[0], out_device, progress)
+            else:
+                z = tiling.run_tiled(fn, x, plans, pixel_units, latent_units, self.caps.latent_channels,
+                                     out_device, progress=progress)
             return latents.pack(z, self.caps.latent_pack)

@@ -24,6 +24,10 @@ class Capabilities:
     norm: str = "none"
     causal_encoder: bool = False      # latent frame i depends only on pixel frames <= r*i (streamable)
     causal_decoder: bool = False      # pixel frames of latent i depend only on latents <= i
+    # encode / decode run chunk by chunk along time through the model's stream caches and equal
+    # one pass (vae/streaming.py); a time axis that needs tiling is then streamed, exactly
+    stream_encode: bool = False
+    stream_decode: bool = False
     can_encode: bool = True
     can_decode: bool = True
     default_tile: int = 512           # pixels

@@ -476,7 +476,8 @@ def capabilities(cfg: LTXConfig) -> Capabilities:
     return Capabilities(
         latent_channels=cfg.latent_channels, spatial_ratio=cfg.patch_size * s, temporal_ratio=t,
         image_channels=cfg.out_channels, has_attention=False, norm="rms",
-        causal_encoder=True, causal_decoder=cfg.causal_decoder,
+        # the decoder is not causal as published (and its up-samplers keep no first-chunk state)
+        causal_encoder=True, causal_decoder=cfg.causal_decoder, stream_encode=True,
         can_encode=bool(cfg.encoder), can_decode=bool(cfg.decoder),
         default_tile=512, default_overlap=64, default_tile_frames=64, default_overlap_frames=16,
         decode_options=("timestep", "noise_scale", "seed") if cfg.timestep_conditioning else (),

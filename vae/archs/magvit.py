@@ -269,7 +269,8 @@ def capabilities(cfg: MagvitConfig) -> Capabilities:
     return Capabilities(
         latent_channels=cfg.latent_channels, spatial_ratio=2 ** (n - 1), temporal_ratio=2 ** (n - 2),
         image_channels=cfg.out_channels, has_attention=cfg.mid_attention, norm="groupnorm_frame",
-        causal_encoder=True, causal_decoder=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
+        causal_encoder=True, causal_decoder=True, stream_encode=True, stream_decode=True,
+        can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
         default_tile=512, default_overlap=64, default_tile_frames=64, default_overlap_frames=8,
         working_dtypes=(torch.bfloat16, torch.float32))
 

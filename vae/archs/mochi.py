@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
-from ..nn.causal import CausalConv3d, Streamable, depth_to_space
+from ..nn.causal import CausalConv3d, Streamable, depth_to_space, is_streaming
 from ..nn.norm import FrameGroupNorm
 from ..nn.resnet import ResnetBlock
 from ..nn.temporal_attention import TemporalAttentionBlock
@@ -180,7 +180,7 @@ class MochiVAE(nn.Module):
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         r, s = math.prod(self.config.temporal), math.prod(self.config.spatial)
         t, h, w = x.shape[2:]
-        if (t - 1) % r or h % s or w % s:
+        if ((t - 1) % r and not is_streaming(self.encoder)) or h % s or w % s:
             raise InputError(
                 f"Mochi encodes clips of 1 + {r}k frames with sides divisible by {s}; got {t} frames of {w}x{h}.",
                 input="pixels", fix=f"trim to {(t - 1) // r * r + 1} frames and crop to {w // s * s}x{h // s * s}.")
@@ -197,7 +197,7 @@ def capabilities(cfg: MochiConfig) -> Capabilities:
         temporal_ratio=math.prod(cfg.temporal), image_channels=cfg.image_channels,
         has_attention=cfg.has_encoder and any(cfg.enc_attention), norm="groupnorm_frame",
         # causal convs (first-frame padding), per-frame norms, causal attention: latent i sees frames <= 6i
-        causal_encoder=True, causal_decoder=True,
+        causal_encoder=True, causal_decoder=True, stream_encode=True, stream_decode=True,
         can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
         default_tile=256, default_overlap=64, default_tile_frames=48, default_overlap_frames=12,
         working_dtypes=(torch.bfloat16, torch.float32))

@@ -49,6 +49,11 @@ def set_streaming(module: nn.Module, on: bool) -> int:
     return n
 
 
+def is_streaming(module: nn.Module) -> bool:
+    """Whether a stream is running below ``module`` (its later chunks are r*k frames, not 1 + r*k)."""
+    return any(m.streaming for m in module.modules() if isinstance(m, Streamable))
+
+
 class CausalConv3d(Streamable, nn.Conv3d):
     """``nn.Conv3d`` (same parameters and keys) that pads time itself.
 

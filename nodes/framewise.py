@@ -1,0 +1,84 @@
+"""Frame-wise Decode: a clip decoded chunk by chunk along time into one preallocated IMAGE batch, so
+long videos decode in the memory of a few frames. Exact (equal to one pass) where the model streams
+through causal caches; overlapping, blended chunks where it cannot."""
+from __future__ import annotations
+
+import torch
+
+from ..vae.errors import InputError
+from . import _comfy
+from .base import CATEGORY, names_node
+from .convert import frames_to_image
+from .socket import as_engine
+from .tiled import _DECODE_OPTIONS, _latent_tensor, _prepare
+
+EXACTNESS = ("Exact (equal to a one-pass decode): Mochi, EasyAnimate Magvit, and image VAEs (TAESD family, "
+             "SD/Flux KL) decoding a batch of frames. Approximate (overlapping chunks, blended): HunyuanVideo "
+             "(GroupNorm and attention over the whole clip) and LTX-Video (its decoder is not causal); raise "
+             "'overlap' to shrink their seams.")
+
+
+class VAEKitFramewiseDecode:
+    DISPLAY_NAME = "Frame-wise Decode (VAEKit)"
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("IMAGE",)
+    OUTPUT_TOOLTIPS = ("Decoded frames [N, H, W, 3] in 0..1, as core's VAE Decode gives them.",)
+    FUNCTION = "decode"
+    DESCRIPTION = ("Decodes a video LATENT a few latent frames at a time through the model's causal caches: peak "
+                   "memory stays that of one chunk however long the clip. " + EXACTNESS)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "samples": ("LATENT", {"tooltip": "A video latent [B, C, frames, h, w] (or a batch of image latents)."}),
+            "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
+            "frames_per_chunk": ("INT", {"default": 2, "min": 1, "max": 4096, "tooltip":
+                                         "Latent frames decoded at a time (each is 4-8 video frames). Fewer use less "
+                                         "memory; the result does not change for exact models. " + EXACTNESS}),
+            "overlap": ("INT", {"default": 1, "min": 0, "max": 4096, "tooltip":
+                                "Latent frames shared by neighbouring chunks for models that cannot stream exactly "
+                                "(HunyuanVideo, LTX-Video); ignored by exact ones."}),
+            "tile_size": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32, "tooltip":
+                                  "Spatial tiles on top, in pixels (0: whole frames). Each tile streams the clip."}),
+            "tile_overlap": ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32, "tooltip":
+                                     "Pixels shared by neighbouring spatial tiles and blended."})},
+            "optional": _DECODE_OPTIONS}
+
+    @names_node
+    def decode(self, samples, vae, frames_per_chunk=2, overlap=1, tile_size=0, tile_overlap=64,
+               decode_timestep=0.05, decode_noise_scale=0.025, seed=0):
+        engine = as_engine(vae, self.DISPLAY_NAME)
+        z = _latent_tensor(samples)
+        _prepare(engine)
+        opts = dict(tile=tile_size or None, overlap=tile_overlap, out_device=_comfy.intermediate_device(),
+                    timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed)
+        r = _temporal_ratio(engine)
+        if r is None:                                  # image VAE: the batch is the frame axis
+            return (_decode_batches(engine, z, frames_per_chunk, opts),)
+        if z.dim() != 5:
+            raise InputError(f"expected a video latent [B, C, frames, h, w], got shape {tuple(z.shape)}.",
+                             input="samples", fix="connect the LATENT of a video model.")
+        images = engine.decode(z, tile_frames=frames_per_chunk * r, overlap_frames=max(1, overlap) * r,
+                               progress=_comfy.progress_callback(), **opts)
+        return (frames_to_image(images),)
+
+
+def _temporal_ratio(engine):
+    caps = getattr(engine, "caps", None)
+    return caps.temporal_ratio if caps is not None else getattr(engine, "frames", None)
+
+
+def _decode_batches(engine, z: torch.Tensor, chunk: int, opts: dict) -> torch.Tensor:
+    """Image latents [N, C, h, w], ``chunk`` at a time into one preallocated IMAGE."""
+    progress = _comfy.progress_callback()
+    out = None
+    n = z.shape[0]
+    for i in range(0, n, chunk):
+        part = frames_to_image(engine.decode(z[i:i + chunk], **opts))
+        if out is None:
+            out = torch.empty((n, *part.shape[1:]), dtype=part.dtype, device=part.device)
+        out[i:i + len(part)] = part
+        del part
+        if progress:
+            progress(min(n, i + chunk), n)
+    return out
