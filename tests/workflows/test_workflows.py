@@ -17,8 +17,8 @@ WORKFLOWS = ROOT / "workflows"
 API = sorted(WORKFLOWS.glob("*_api.json"))
 DEMO = ROOT / "vae" / "demo"
 # the video workflows' VAE files and latents: tiny random-weight models under the names the graphs use
-VIDEO = {json.loads(p.read_text())["1"]["inputs"]["vae_name"]: p.stem.split("video_tiled_decode_")[1][: -len("_api")]
-         for p in API if p.name.startswith("video_tiled_decode_")}
+VIDEO = {json.loads(p.read_text())["1"]["inputs"]["vae_name"]: p.stem.split("_decode_")[1][: -len("_api")]
+         for p in API if p.name.startswith("video_")}
 VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "hunyuan_video": (16, 10, 4, 4), "magvit": (16, 10, 4, 4)}
 
 
@@ -114,18 +114,33 @@ def test_api_workflows_run_headless(pack, comfy_dirs):
     assert _psnr(read_image(ui["7"]["images"][0]), original) > 20
 
 
-def test_every_video_family_has_a_tiled_decode_workflow():
-    assert sorted(VIDEO.values()) == sorted(FAMILIES)
+def test_every_video_family_has_tiled_and_framewise_decode_workflows():
+    names = {p.name for p in API}
+    for family in FAMILIES:
+        assert {f"video_tiled_decode_{family}_api.json", f"video_framewise_decode_{family}_api.json"} <= names
 
 
+def _expected(v, z, family, dec):
+    """The library's own decode with the graph's settings (tiled, or frame-wise)."""
+    s, r = RATIOS[family]
+    opts = dict(timestep=dec.get("decode_timestep"), noise_scale=dec.get("decode_noise_scale"), seed=dec.get("seed"))
+    if "frames_per_chunk" in dec:
+        return v.decode(z, tile=dec["tile_size"] or None, overlap=dec["tile_overlap"],
+                        tile_frames=dec["frames_per_chunk"] * r, overlap_frames=max(1, dec["overlap"]) * r, **opts)
+    return v.decode(z, tile=dec["tile_size"], overlap=dec["overlap"],
+                    tile_frames=dec["temporal_size"], overlap_frames=dec["temporal_overlap"], **opts)
+
+
+@pytest.mark.parametrize("kind", ["tiled", "framewise"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, family):
-    """Load Latent -> VAE Load -> Tiled Decode (tiled in time here) -> Save Image: one PNG per frame,
-    the frames of the library's own decode with the same tiles."""
+def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, family, kind):
+    """Load Latent -> VAE Load -> Tiled Decode / Frame-wise Decode (chunked in time here) -> Save Image:
+    one PNG per frame, the frames of the library's own decode with the same settings."""
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
     from vaekit.vae.imageio import read_image
-    api = json.loads((WORKFLOWS / f"video_tiled_decode_{family}_api.json").read_text())
+    api = json.loads((WORKFLOWS / f"video_{kind}_decode_{family}_api.json").read_text())
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
@@ -133,12 +148,11 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
         z = lib.latents.read_latent_file(video_dirs / "input" / f"{family}_sample.latent")
         v = lib.load(video_dirs / "models" / "vae" / api["1"]["inputs"]["vae_name"])
         s, r = RATIOS[family]
-        assert z.shape[2] > dec["temporal_size"] // r, "the sample latent is tiled in time"
-        want = v.decode(z, tile=dec["tile_size"], overlap=dec["overlap"], tile_frames=dec["temporal_size"],
-                        overlap_frames=dec["temporal_overlap"], timestep=dec.get("decode_timestep"),
-                        noise_scale=dec.get("decode_noise_scale"), seed=dec.get("seed"))
+        chunk = dec.get("frames_per_chunk") or dec["temporal_size"] // r
+        assert z.shape[2] > chunk, "the sample latent is chunked in time"
+        want = _expected(v, z, family, dec)
     finally:
-        torch.set_num_threads(2)
+        torch.set_num_threads(threads)
     pngs = ui["4"]["images"]
     assert len(pngs) == want.shape[2] == 1 + r * (z.shape[2] - 1)
     for i in (0, len(pngs) // 2, len(pngs) - 1):
