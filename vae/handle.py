@@ -216,7 +216,7 @@ class VAE:
         plans = self._plans(grid, tile, overlap, tile_frames, overlap_frames)
         out_device = torch.device(out_device or "cpu")
         with torch.inference_mode():
-            chunk = self._stream_chunk(grid[0], tile_frames, self.caps.stream_encode) if self.is_video else 0
+            chunk = self._stream_chunk(grid[0], tile_frames, self.caps.stream_encode)
             if chunk:
                 ins, outs = streaming.encode_chunks(grid[0], chunk, self.caps.temporal_ratio)
                 z = streaming.run_streamed(fn, self.model, x, ins, outs, plans[1:], (r, r), (1, 1),
