@@ -35,9 +35,10 @@ class VAEKitFramewiseDecode:
             "frames_per_chunk": ("INT", {"default": 2, "min": 1, "max": 4096, "tooltip":
                                          "Latent frames decoded at a time (each is 4-8 video frames). Fewer use less "
                                          "memory; the result does not change for exact models. " + EXACTNESS}),
-            "overlap": ("INT", {"default": 1, "min": 0, "max": 4096, "tooltip":
+            "overlap": ("INT", {"default": 1, "min": 1, "max": 4096, "tooltip":
                                 "Latent frames shared by neighbouring chunks for models that cannot stream exactly "
-                                "(HunyuanVideo, LTX-Video); ignored by exact ones."}),
+                                "(HunyuanVideo, LTX-Video): a chunk's first latent frame is context only, more "
+                                "blends the seam. Ignored by exact ones."}),
             "tile_size": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32, "tooltip":
                                   "Spatial tiles on top, in pixels (0: whole frames). Each tile streams the clip."}),
             "tile_overlap": ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32, "tooltip":
@@ -58,7 +59,7 @@ class VAEKitFramewiseDecode:
         if z.dim() != 5:
             raise InputError(f"expected a video latent [B, C, frames, h, w], got shape {tuple(z.shape)}.",
                              input="samples", fix="connect the LATENT of a video model.")
-        images = engine.decode(z, tile_frames=frames_per_chunk * r, overlap_frames=max(1, overlap) * r,
+        images = engine.decode(z, tile_frames=frames_per_chunk * r, overlap_frames=overlap * r,
                                progress=_comfy.progress_callback(), **opts)
         return (frames_to_image(images),)
 

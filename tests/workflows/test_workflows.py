@@ -126,7 +126,7 @@ def _expected(v, z, family, dec):
     opts = dict(timestep=dec.get("decode_timestep"), noise_scale=dec.get("decode_noise_scale"), seed=dec.get("seed"))
     if "frames_per_chunk" in dec:
         return v.decode(z, tile=dec["tile_size"] or None, overlap=dec["tile_overlap"],
-                        tile_frames=dec["frames_per_chunk"] * r, overlap_frames=max(1, dec["overlap"]) * r, **opts)
+                        tile_frames=dec["frames_per_chunk"] * r, overlap_frames=dec["overlap"] * r, **opts)
     return v.decode(z, tile=dec["tile_size"], overlap=dec["overlap"],
                     tile_frames=dec["temporal_size"], overlap_frames=dec["temporal_overlap"], **opts)
 
