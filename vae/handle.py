@@ -13,7 +13,7 @@ from .spec import ArchSpec, Capabilities
 DeviceLike = Union[str, torch.device, None]
 Tile = Union[int, tuple[int, int], None]
 
-_CHANNEL_HINTS = {4: "SD1.x/SD2.x/SDXL", 12: "Mochi", 16: "SD3/Flux.1 (or a 16-channel video model)",
+_CHANNEL_HINTS = {4: "SD1.x/SD2.x/SDXL", 12: "Mochi", 16: "SD3/Flux.1, HunyuanVideo, EasyAnimate and Wan",
                   32: "Flux.2 (unpacked)", 128: "Flux.2 or LTX-Video"}
 
 
