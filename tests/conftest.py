@@ -24,3 +24,14 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "taef2_decoder.pth").is_file():
         pytest.skip("../shared/data (real TAEF2 weights) is not beside this checkout")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """One tiny random-weight VAE of each video family (tests/video_families.py), by family id."""
+    import vae
+    from video_families import FAMILIES, tiny_state_dict
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)      # tiny tensors: thread hand-offs cost more than the maths
+    yield {f: vae.from_state_dict(tiny_state_dict(f)) for f in FAMILIES}
+    torch.set_num_threads(n)

@@ -6,20 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vae
 from vae.nn.causal import CausalConv3d, Streamable
-from video_families import FAMILIES, RATIOS, tiny_state_dict
+from video_families import FAMILIES, RATIOS
 
 EXACT_DECODE = ("mochi", "magvit")
 EXACT_ENCODE = ("mochi", "magvit", "ltx")
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)      # tiny tensors: thread hand-offs cost more than the maths
-    yield {f: vae.from_state_dict(tiny_state_dict(f)) for f in FAMILIES}
-    torch.set_num_threads(n)
 
 
 def test_declared_streaming_matches_the_issue_table(loaded):

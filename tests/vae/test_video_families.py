@@ -9,14 +9,6 @@ import vae
 from video_families import FAMILIES, RATIOS, tiny_state_dict
 
 
-@pytest.fixture(scope="module")
-def loaded():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)      # tiny tensors: thread hand-offs cost more than the maths
-    yield {f: vae.from_state_dict(tiny_state_dict(f)) for f in FAMILIES}
-    torch.set_num_threads(n)
-
-
 def test_each_family_is_detected_as_itself_in_every_layout_we_hold(loaded):
     from vae import registry
     for family, v in loaded.items():
