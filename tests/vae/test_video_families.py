@@ -71,3 +71,15 @@ def test_bad_input_is_a_clear_error(loaded):
         mochi.encode(torch.rand(1, 3, 10, 16, 16))
     with pytest.raises(vae.InputError, match="divisible by 32"):
         ltx.encode(torch.rand(1, 3, 9, 48, 64))
+
+
+def test_magvit_tiled_encode_keeps_each_tiles_stride_part(loaded):
+    """diffusers' Magvit tiled_encode keeps the full tile instead of its stride part (misplaced
+    latents). Here, where a tile's blend weight is 1, the tiled latent is exactly that tile's own
+    encoding at the tile's place."""
+    v = loaded["magvit"]
+    x = torch.rand(1, 3, 5, 64, 32)                        # latent 8 x 4
+    tiled = v.encode(x, tile=32, overlap=16)               # rows: tiles [0, 5) and [3, 8) in latents
+    first, second = v.encode(x[..., :40, :]), v.encode(x[..., 24:, :])
+    assert (tiled[..., :3, :] - first[..., :3, :]).abs().max() <= 1e-6
+    assert (tiled[..., 5:, :] - second[..., 2:, :]).abs().max() <= 1e-6
