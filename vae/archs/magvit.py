@@ -31,7 +31,7 @@ from torch import nn
 from ..errors import InputError, LoadError
 from ..keymap import count_indices, linear_to_conv1x1, rename
 from ..nn.attention import SpatialSelfAttention
-from ..nn.causal import CausalConv3d, Streamable, frames, unframes
+from ..nn.causal import CausalConv3d, Streamable, frames, is_streaming, unframes
 from ..nn.norm import FrameGroupNorm
 from ..nn.resnet import ResnetBlock
 from ..spec import ArchSpec, Capabilities
@@ -210,7 +210,7 @@ class AutoencoderKLMagvit(ldm.Autoencoder):
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         t, r = x.shape[2], self.temporal_ratio
-        if (t - 1) % r and not self.encoder.conv_in.streaming:   # a stream's later chunks are r*k frames
+        if (t - 1) % r and not is_streaming(self.encoder):   # a stream's later chunks are r*k frames
             raise InputError(f"Magvit encodes 1 + {r}*k frames, got {t}.", input="pixels")
         return super().encode(x)
 
