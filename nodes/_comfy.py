@@ -162,3 +162,10 @@ def prepare(handle) -> None:
         return
     # plain torch layers cannot be partially loaded, so the whole VAE is loaded
     mm.load_models_gpu([patcher], force_full_load=True)
+
+
+def placed_device(handle) -> torch.device:
+    """Where ``handle`` computes: its memory manager's load device when ``place`` gave it one (the
+    weights may wait on the offload device), else where its weights are."""
+    patcher = _patchers.get(handle.model)
+    return torch.device(patcher.load_device) if patcher is not None else handle.device

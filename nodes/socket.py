@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from ..vae import VAE, from_state_dict, tiling
-from ..vae.errors import VAEKitError
+from ..vae.errors import InputError, VAEKitError
 from ..vae.handle import check_divisible
 from . import _comfy
 from .convert import bchw_to_image, center_crop_to_multiple, image_to_bchw
@@ -141,8 +141,16 @@ class CoreVAEEngine:
         r = self.ratio
         return ((1, 1, 1), (tiling.Frames(self.frames), r, r)) if self.is_video else ((1, 1), (r, r))
 
+    def _fast_only(self, mode: str) -> None:
+        if mode != "fast":
+            raise InputError(f"exact mode needs a VAE that VAEKit implements; this is a {self.name}, which is "
+                             "tiled through its own calls.", input="mode",
+                             fix="use mode 'fast' for this VAE.")
+
     def decode(self, z, tile=None, overlap=None, progress=None, out_device=None, tile_frames=None,
-               overlap_frames=None, **options):
+               overlap_frames=None, mode="fast", **options):
+        self._fast_only(mode)
+
         def fn(t):
             return self.core.decode(t).movedim(-1, 1).float()
         lat, px = self._scales()
@@ -150,7 +158,9 @@ class CoreVAEEngine:
         return tiling.run_tiled(fn, z, plans, lat, px, int(self.core.output_channels), out_device, progress=progress)
 
     def encode(self, x, tile=None, overlap=None, progress=None, out_device=None, tile_frames=None,
-               overlap_frames=None):
+               overlap_frames=None, mode="fast"):
+        self._fast_only(mode)
+
         def fn(t):   # core takes IMAGE batches; a video VAE makes the batch one clip
             return self.core.encode((t[0].movedim(0, -1) if self.is_video else t.movedim(1, -1))).float()
         r = self.ratio

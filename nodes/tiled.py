@@ -25,7 +25,8 @@ _TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4,
                              "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs (at least one "
                                         "latent frame: a later tile's first latent frame is context only, its frames "
                                         "are dropped). Ignored by image VAEs."})
-# Inputs of timestep-conditioned decoders (LTX-Video 0.9.1+); other VAEs ignore them.
+# Inputs of timestep-conditioned or sampling decoders (LTX-Video 0.9.1+; seed: also the Consistency
+# Decoder); other VAEs ignore them.
 _DECODE_OPTIONS = {
     "decode_timestep": ("FLOAT", {"default": 0.05, "min": 0.0, "max": 1.0, "step": 0.001,
                                   "tooltip": "LTX-Video 0.9.1+ only: the timestep the decoder is conditioned on "
@@ -34,10 +35,18 @@ _DECODE_OPTIONS = {
                                      "tooltip": "LTX-Video 0.9.1+ only: share of noise mixed into the latent before "
                                                 "decoding (ComfyUI's default 0.025). Ignored by other VAEs."}),
     "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF,
-                     "tooltip": "LTX-Video 0.9.1+ only: seed of that noise, so a decode repeats exactly. "
-                                "Ignored by other VAEs."}),
+                     "tooltip": "Seed of the noise a decoder draws, so a decode repeats exactly: LTX-Video 0.9.1+ "
+                                "(the noise above) and the Consistency Decoder (its sampler). Ignored by other VAEs."}),
 }
 
+_MODE = (["fast", "exact"], {"default": "fast",
+                    "tooltip": "fast: independent tiles blended in their overlap (faint seams). exact: the result "
+                               "of an untiled pass (differences at fp32 rounding level): tiles carry a halo as wide "
+                               "as the layers' reach instead of the overlap, share GroupNorm statistics, and "
+                               "attention runs on the whole latent; overlap is not used. Costs: about 1.3-1.5x the "
+                               "untiled time (CPU, SD-shape VAE at 1024 px), and the paused tiles together hold the "
+                               "current level's activations: less memory than an untiled pass, more than fast mode. "
+                               "Video: tiles are spatial and each runs the whole clip (temporal size is ignored)."})
 _TILING = {"tile_size": _TILE, "overlap": _OVERLAP, "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP}
 
 
@@ -56,18 +65,19 @@ class VAEKitTiledDecode:
             "samples": ("LATENT", {"tooltip": "The latent to decode (e.g. from a KSampler)."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
-            "optional": _DECODE_OPTIONS}
+            # optional, after the older widgets: saved workflows keep their widget positions
+            "optional": {**_DECODE_OPTIONS, "mode": _MODE}}
 
     @names_node
     def decode(self, samples, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8,
-               decode_timestep=0.05, decode_noise_scale=0.025, seed=0):
+               decode_timestep=0.05, decode_noise_scale=0.025, seed=0, mode="fast"):
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
         _prepare(engine)
         images = engine.decode(z, tile=tile_size, overlap=overlap, tile_frames=temporal_size,
                                overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
                                out_device=_comfy.intermediate_device(),
-                               timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed)
+                               timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed, mode=mode)
         return (frames_to_image(images),)
 
 
@@ -85,10 +95,11 @@ class VAEKitTiledEncode:
             "pixels": ("IMAGE", {"tooltip": "Images [N, H, W, 3] in 0..1; sides must be multiples of the VAE's "
                                             "compression (8 for SD/Flux.1 VAEs, 16 for Flux.2's packed latents)."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
-            **_TILING}}
+            **_TILING},
+            "optional": {"mode": _MODE}}
 
     @names_node
-    def encode(self, pixels, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8):
+    def encode(self, pixels, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8, mode="fast"):
         engine = as_engine(vae, self.DISPLAY_NAME)
         if not torch.is_tensor(pixels) or pixels.dim() != 4:
             raise InputError(f"expected an IMAGE [N, H, W, C], got {type(pixels).__name__}"
@@ -99,7 +110,7 @@ class VAEKitTiledEncode:
             x = x.movedim(1, 0).unsqueeze(0)
         z = engine.encode(x, tile=tile_size, overlap=overlap, tile_frames=temporal_size,
                           overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
-                          out_device=_comfy.intermediate_device())
+                          out_device=_comfy.intermediate_device(), mode=mode)
         return (latent_out(None, z),)
 
 

@@ -27,6 +27,16 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="module")
+def one_thread():
+    """One CPU thread for a module of tiny models: thread hand-offs cost more than the maths.
+    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
 def loaded():
     """One tiny random-weight VAE of each video family (tests/video_families.py), by family id."""
     import vae

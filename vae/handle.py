@@ -6,7 +6,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from . import latents, streaming, tiling
+from . import exact, guard, latents, streaming, tiling
 from .errors import InputError
 from .spec import ArchSpec, Capabilities
 
@@ -24,11 +24,20 @@ def check_divisible(h: int, w: int, r: int, what: str, input: str = "pixels") ->
                          fix=f"crop or resize to {w // r * r}x{h // r * r} (e.g. core 'ImageCrop' or 'Upscale Image') first.")
 
 
+MODES = ("fast", "exact")
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise InputError(f"unknown tiling mode {mode!r}.", input="mode", fix=f"use one of {', '.join(MODES)}.")
+
+
 class VAE:
     def __init__(self, spec: ArchSpec, config: Any, model: torch.nn.Module, dtype: Optional[torch.dtype] = None,
                  device: DeviceLike = None, source: str = ""):
         self.spec, self.config, self.model, self.source = spec, config, model, source
         self.caps: Capabilities = spec.capabilities(config)
+        self.last_upcast: Optional[guard.Upcast] = None     # the NaN guard's record of the last call
         self.to(device or "cpu", dtype or torch.float32)
 
     # device and dtype are read from the weights: a memory manager (ComfyUI's) may move them.
@@ -65,8 +74,11 @@ class VAE:
         other savers refuse strided tensors)."""
         return {k: v.contiguous() for k, v in self.model.state_dict().items()}
 
-    def _model_input(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.device, self.dtype).contiguous(memory_format=self._memory_format)
+    def _model_input(self, t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
+        """``t`` on the device and in the dtype of ``model`` (default: ours; the NaN guard passes its
+        upcast copy)."""
+        dtype = self.dtype if model is None else next(model.parameters()).dtype
+        return t.to(self.device, dtype).contiguous(memory_format=self._memory_format)
 
     @property
     def is_video(self) -> bool:
@@ -160,34 +172,49 @@ class VAE:
     def decode(self, z: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
-               **options) -> torch.Tensor:
+               mode: str = "fast", **options) -> torch.Tensor:
         """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]) in
         0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
-        ``overlap_frames`` in pixel frames; ``options`` are model decode inputs (see decode_options)."""
+        ``overlap_frames`` in pixel frames; ``options`` are model decode inputs (see decode_options).
+        ``mode``: "fast" (independent tiles, blended) or "exact" (the untiled result; see vae/exact.py)."""
         z = self.check_latent(z)
+        _check_mode(mode)
         lo, hi = self.caps.value_range
         opts = self.decode_options(options)
         latent_units, pixel_units = self._scales()
 
-        def fn(t: torch.Tensor) -> torch.Tensor:
-            y = self.model.decode(self._model_input(t), **opts)
+        def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
+            model = self.model if model is None else model      # the NaN guard's upcast copy
+            y = model.decode(self._model_input(t, model), **opts)
             return (y.float() - lo) / (hi - lo)
 
-        with torch.inference_mode():
+        with torch.inference_mode(), guard.Guard(self, "decode", fn) as g:
             if hasattr(self.model, "prepare_decode"):     # whole-latent steps (seeded noise) before tiling
                 z = self.model.prepare_decode(self._model_input(z), **opts)
             plans = self._plans(z.shape[2:], tile, overlap, tile_frames, overlap_frames)
             out_device = torch.device(out_device or "cpu")
             chunk = self._stream_chunk(z.shape[2], tile_frames, self.caps.stream_decode)
-            if chunk:
+            cores = self._exact_cores(z.shape[-2:], tile) if mode == "exact" else None
+            if cores:
+                out = g.whole(lambda f, m: exact.run_exact(f, m, z, cores, 1, self.caps.spatial_ratio, out_device,
+                                                           progress=progress))
+            elif chunk:
                 ins, outs = streaming.decode_chunks(z.shape[2], chunk, self.caps.temporal_ratio)
-                out = streaming.run_streamed(fn, self.model, z, ins, outs, plans[1:], (1, 1), pixel_units[1:],
-                                             self.caps.image_channels, self.frames_for(z.shape[2]), out_device,
-                                             progress)
+                out = streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, z, ins, outs, plans[1:],
+                                             (1, 1), pixel_units[1:], self.caps.image_channels,
+                                             self.frames_for(z.shape[2]), out_device, progress)
             else:
-                out = tiling.run_tiled(fn, z, plans, latent_units, pixel_units, self.caps.image_channels,
+                out = tiling.run_tiled(g.tiled(plans), z, plans, latent_units, pixel_units, self.caps.image_channels,
                                        out_device, progress=progress)
             return out.clamp_(0.0, 1.0)
+
+    def _exact_cores(self, grid: tuple[int, ...], tile: Tile) -> Optional[list]:
+        """Exact mode's tile cores per spatial axis (latent units), or None when one tile covers it.
+        Time is not tiled in exact mode: each spatial tile runs the whole clip."""
+        tiles = tile if isinstance(tile, (tuple, list)) else (tile, tile)
+        r = self.caps.spatial_ratio
+        cores = [tiling.core_spans(n, max(1, t // r) if t else 0) for n, t in zip(grid, tiles)]
+        return cores if any(len(c) > 1 for c in cores) else None
 
     def _stream_chunk(self, latent_frames: int, tile_frames: Optional[int], declared: bool) -> int:
         """Latent frames per chunk when the time axis is streamed (exact), else 0 (one pass, or
@@ -199,29 +226,36 @@ class VAE:
 
     def encode(self, x: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
-               tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None) -> torch.Tensor:
+               tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
+               mode: str = "fast") -> torch.Tensor:
         """Images [B, C, H, W] (video: clips [B, C, T, H, W]) in 0..1 -> LATENT tensor (packed the way
-        the model family's LATENTs are)."""
+        the model family's LATENTs are). ``mode`` as for decode."""
         x = self.check_image(x)
+        _check_mode(mode)
         lo, hi = self.caps.value_range
         r = self.caps.spatial_ratio
         latent_units, pixel_units = self._scales()
 
-        def fn(t: torch.Tensor) -> torch.Tensor:
-            return self.model.encode(self._model_input(t) * (hi - lo) + lo).float()
+        def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
+            model = self.model if model is None else model      # the NaN guard's upcast copy
+            return model.encode(self._model_input(t, model) * (hi - lo) + lo).float()
 
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:
             grid = ((x.shape[2] - 1) // self.caps.temporal_ratio + 1,) + grid
         plans = self._plans(grid, tile, overlap, tile_frames, overlap_frames)
         out_device = torch.device(out_device or "cpu")
-        with torch.inference_mode():
+        with torch.inference_mode(), guard.Guard(self, "encode", fn) as g:
             chunk = self._stream_chunk(grid[0], tile_frames, self.caps.stream_encode)
-            if chunk:
+            cores = self._exact_cores(grid[-2:], tile) if mode == "exact" else None
+            if cores:
+                z = g.whole(lambda f, m: exact.run_exact(f, m, x, cores, r, 1, out_device, progress=progress))
+            elif chunk:
                 ins, outs = streaming.encode_chunks(grid[0], chunk, self.caps.temporal_ratio)
-                z = streaming.run_streamed(fn, self.model, x, ins, outs, plans[1:], (r, r), (1, 1),
+                z = streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, x, ins, outs, plans[1:],
+                                           (r, r), (1, 1),
                                            self.caps.latent_channels, grid[0], out_device, progress)
             else:
-                z = tiling.run_tiled(fn, x, plans, pixel_units, latent_units, self.caps.latent_channels,
+                z = tiling.run_tiled(g.tiled(plans), x, plans, pixel_units, latent_units, self.caps.latent_channels,
                                      out_device, progress=progress)
             return latents.pack(z, self.caps.latent_pack)

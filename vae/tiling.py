@@ -67,29 +67,41 @@ def out_spans(plan: AxisPlan, scale: Scale) -> list[tuple[int, int]]:
     return spans
 
 
-def plan_axis(length: int, tile: int, overlap: int, causal: bool = False) -> AxisPlan:
+def plan_axis(length: int, tile: int, overlap: int, causal: bool = False, fixed: bool = False) -> AxisPlan:
     """Cover ``length`` with the fewest tiles of at most ``tile`` + ``overlap``, all of one size.
 
     ``n = ceil(length / tile)`` tiles; each is ``ceil((length + (n-1)*overlap) / n)`` long and the
     starts are spread evenly, so every neighbouring pair shares at least ``overlap`` and edge tiles
     are never slivers (same shape for every tile: fewer recompiles, no thin tiles with bad context).
     ``overlap`` is capped at ``tile // 2``. On a causal time axis tiles share at least one latent
-    frame: a later tile's first one is context only."""
+    frame: a later tile's first one is context only.
+
+    ``fixed`` (compiled models): every tile is exactly ``tile + overlap`` whatever ``length`` is, the
+    edge ones shifted inward, so one static graph serves every image size; an axis no longer than
+    that is one tile."""
     if not needs_tiling(length, tile):
         return AxisPlan(length, ((0, length),), causal)
     overlap = max(1 if causal else 0, min(overlap, tile // 2))
-    n = math.ceil(length / tile)
-    size = min(length, math.ceil((length + (n - 1) * overlap) / n))
+    if fixed:
+        size = tile + overlap
+        if length <= size:
+            return AxisPlan(length, ((0, length),), causal)
+        n = 1 + math.ceil((length - size) / tile)      # stride at most size - overlap = tile
+    else:
+        n = math.ceil(length / tile)
+        size = min(length, math.ceil((length + (n - 1) * overlap) / n))
     starts = [round(i * (length - size) / (n - 1)) for i in range(n)]
     return AxisPlan(length, tuple((s, s + size) for s in starts), causal)
 
 
-def plan_grid(latent_shape: Sequence[int], tile_px, overlap_px: Optional[int], ratio: int) -> list[AxisPlan]:
+def plan_grid(latent_shape: Sequence[int], tile_px, overlap_px: Optional[int], ratio: int,
+              fixed: bool = False) -> list[AxisPlan]:
     """Plans for each axis from the user's units: tile (one size, or one per axis) and overlap in
-    pixels, ``ratio`` pixels per latent pixel. No tile (None/0) means one untiled pass."""
+    pixels, ``ratio`` pixels per latent pixel. No tile (None/0) means one untiled pass. ``fixed``:
+    see ``plan_axis``."""
     tiles = tile_px if isinstance(tile_px, (tuple, list)) else (tile_px,) * len(latent_shape)
     o = (overlap_px or 0) // ratio
-    return [plan_axis(n, max(1, t // ratio) if t else 0, o) for n, t in zip(latent_shape, tiles)]
+    return [plan_axis(n, max(1, t // ratio) if t else 0, o, fixed=fixed) for n, t in zip(latent_shape, tiles)]
 
 
 def plan_frames(latent_frames: int, tile_frames: Optional[int], overlap_frames: Optional[int], r: int) -> AxisPlan:
@@ -172,3 +184,13 @@ def run_tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, plans
         if progress:
             progress(done, total)
     return out
+
+
+def core_spans(length: int, tile: int) -> list[tuple[int, int]]:
+    """Exact mode's tiles along one axis (latent units): near-equal spans that partition it, no
+    overlap (exact tiles carry halos instead and need no blending). Same threshold as every plan."""
+    if not needs_tiling(length, tile):
+        return [(0, length)]
+    n = math.ceil(length / tile)
+    cuts = [round(i * length / n) for i in range(n + 1)]
+    return list(zip(cuts, cuts[1:]))

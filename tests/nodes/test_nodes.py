@@ -134,6 +134,26 @@ def test_unknown_core_vae_is_tiled_through_its_own_decode(pack):
     assert torch.allclose(out, pointwise(z).movedim(1, -1), atol=1e-6)
 
 
+def test_exact_mode_through_the_nodes(pack, models):
+    (v,) = pack.NODE_CLASS_MAPPINGS["VAEKitLoad"]().load("tiny_kl.safetensors", "fp32", "cpu")
+    enc, dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledEncode"](), pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
+    for cls in (enc, dec):
+        assert type(cls).INPUT_TYPES()["optional"]["mode"][0] == ["fast", "exact"]
+    image = torch.rand(1, 96, 128, 3)
+    (latent,) = enc.encode(image, v, tile_size=64, overlap=32, mode="exact")
+    assert (latent["samples"] - v.handle.encode(image.movedim(-1, 1))).abs().max() <= 1e-4
+    (out,) = dec.decode(latent, v, tile_size=64, overlap=32, mode="exact")
+    assert (out - v.handle.decode(latent["samples"]).movedim(1, -1)).abs().max() <= 1e-4
+
+
+def test_exact_mode_on_a_core_vae_we_cannot_convert_says_so(pack):
+    core = FakeCoreVAE({"some.unknown.weight": torch.zeros(1)}, lambda z: z[:, :3].repeat_interleave(8, -1))
+    dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
+    with pytest.raises(Exception, match=r"Tiled Decode \(VAEKit\): input 'mode': exact mode needs .*Fix: use mode 'fast'") as err:
+        dec.decode({"samples": torch.randn(1, 4, 20, 20)}, core, tile_size=64, overlap=16, mode="exact")
+    assert type(err.value).__name__ == "InputError"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_choice_without_cuda_is_a_clear_error(pack, models):
     with pytest.raises(ValueError, match=r"^VAE Load \(VAEKit\): input 'device': CUDA is not available.*Fix"):

@@ -109,6 +109,11 @@ def test_api_workflows_run_headless(pack, comfy_dirs):
     shutil.copy(latent, comfy_dirs / "input" / "vaekit_sample.latent")
     ui = run_prompt(load("image_tiled_decode_api.json"), **kw)
     assert torch.equal(read_image(ui["4"]["images"][0]), read_image(png))   # same tiles, same result
+    ui = run_prompt(load("image_exact_roundtrip_api.json"), **kw)            # exact tiles = untiled
+    import vaekit.vae as lib
+    v = lib.load(DEMO / "vaekit_demo.safetensors")
+    untiled = v.decode(v.encode(original.movedim(-1, 0)[None]))[0].movedim(0, -1)
+    assert (read_image(ui["5"]["images"][0]) - untiled).abs().max() <= 1 / 255 + 1e-6   # 8-bit PNG rounding
     ui = run_prompt(load("core_nodes_with_vaekit_vae_api.json"), **kw)       # core nodes, our VAE
     assert _psnr(read_image(ui["5"]["images"][0]), original) > 20
     assert _psnr(read_image(ui["7"]["images"][0]), original) > 20

@@ -71,6 +71,8 @@ def _nearest(x: torch.Tensor, st: int, sh: int, sw: int) -> torch.Tensor:
 class Downsample(nn.Module):
     """Causal 3x3x3 conv with stride (t, 2, 2): T -> (T - 1) // t + 1 frames."""
 
+    exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
+
     def __init__(self, channels: int, stride: tuple[int, int, int]):
         super().__init__()
         self.conv = _conv(channels, channels, 3, stride)
@@ -82,6 +84,8 @@ class Downsample(nn.Module):
 class Upsample(nn.Module):
     """Nearest upsampling, then a causal 3x3x3 conv. The first frame stands for one pixel frame
     and is only upsampled in space; the others by (t, h, w): T -> 1 + t(T - 1) frames."""
+
+    exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
 
     def __init__(self, channels: int, scale: tuple[int, int, int]):
         super().__init__()

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LoadError
+from ..exact import boundary, region_randn
 from ..keymap import count_indices
 from ..nn.causal import CausalConv3d, Streamable, depth_to_space, space_to_depth
 from ..nn.norm import ChannelLayerNorm, ChannelRMSNorm
@@ -152,7 +153,7 @@ class ResBlock(ResnetBlock):
 
     @staticmethod
     def _noise(h: torch.Tensor, scale: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        field = torch.randn(h.shape[-2:], generator=gen, dtype=torch.float32).to(h)
+        field = region_randn(h.shape[-2:], gen, h).to(h)    # exact tiles: their part of the untiled field
         return h.add_((field * scale.to(h))[None, :, None])
 
     def forward(self, x: torch.Tensor, emb: Optional[torch.Tensor] = None,
@@ -199,6 +200,8 @@ class SpaceToDepthDown(Streamable, nn.Module):
     space-to-depth averaged over groups of channels. A temporal stride first repeats the first
     frame (1 + 2k frames -> 1 + k); in a stream, only in the first chunk."""
 
+    exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
+
     _first = True
 
     def __init__(self, cin: int, cout: int, stride: tuple[int, int, int], conv):
@@ -224,6 +227,8 @@ class DepthToSpaceUp(nn.Module):
     frame (t latents -> 2t - 1 frames). ``residual`` adds the input's depth-to-space, repeated over
     channels up to cout (0.9.1+)."""
 
+    exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
+
     def __init__(self, b: Block, conv):
         super().__init__()
         self.stride, self.residual = b.stride, b.residual
@@ -243,7 +248,7 @@ def _block(b: Block, conv) -> nn.Module:
     if b.kind == "res_xy":
         return ResBlock(b.cin, b.cout, conv)
     if b.kind == "down":
-        return conv(b.cin, b.cout, stride=b.stride)
+        return boundary(conv(b.cin, b.cout, stride=b.stride))
     if b.kind == "s2d":
         return SpaceToDepthDown(b.cin, b.cout, b.stride, conv)
     return DepthToSpaceUp(b, conv)

@@ -83,6 +83,8 @@ class FrameSelfAttention(SpatialSelfAttention):
 class Downsampler(nn.Module):
     """Zero pad right/bottom, then a causal 3^3 conv of stride 2 in space (and time)."""
 
+    exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
+
     def __init__(self, channels: int, temporal: bool):
         super().__init__()
         self.conv = CausalConv3d(channels, channels, 3, stride=(2 if temporal else 1, 2, 2), spatial_padding=0)
@@ -94,6 +96,8 @@ class Downsampler(nn.Module):
 class Upsampler(Streamable, nn.Module):
     """Nearest 2x in space, causal 3^3 conv, then (temporal levels) every frame but the clip's first
     repeated twice in time: the reference decodes the first latent frame alone and never doubles it."""
+
+    exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
 
     def __init__(self, channels: int, temporal: bool):
         super().__init__()

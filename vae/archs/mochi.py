@@ -87,6 +87,8 @@ class ResBlock(ResnetBlock):
 class DownBlock(nn.Module):
     """Strided causal conv (kernel = stride = (t, s, s)) then resnets; keys ``layers.{0, 1..}``."""
 
+    exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
+
     def __init__(self, cin: int, cout: int, blocks: int, t: int, s: int, attention: bool):
         super().__init__()
         down = CausalConv3d(cin, cout, (t, s, s), stride=(t, s, s), time_pad="causal", spatial_pad="replicate")
@@ -100,6 +102,8 @@ class UpBlock(Streamable, nn.Module):
     """Resnets, a per-voxel projection to C_out * t * s * s channels, depth-to-space; the first
     ``t - 1`` frames are dropped so latent frame 0 gives one frame (genmo). In a stream only the
     first chunk holds them."""
+
+    exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
 
     def __init__(self, cin: int, cout: int, blocks: int, t: int, s: int):
         super().__init__()

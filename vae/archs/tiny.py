@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import LoadError
+from ..exact import boundary
 from ..keymap import rename
 from ..nn.norm import GroupNorm
 from ..spec import ArchSpec, Capabilities
@@ -84,7 +85,7 @@ def build_encoder(cfg: TinyConfig) -> nn.Sequential:
     prev = None
     for i, (width, blocks) in enumerate(stages):
         # first stage: plain conv from the image; later ones: bias-free stride-2 conv
-        layers.append(conv3(cfg.image_channels, width) if i == 0 else conv3(prev, width, stride=2, bias=False))
+        layers.append(conv3(cfg.image_channels, width) if i == 0 else boundary(conv3(prev, width, stride=2, bias=False)))
         pool = cfg.midblock_gn and i == len(stages) - 1
         layers += [TinyBlock(width, width, pool) for _ in range(blocks)]
         prev = width
@@ -98,7 +99,7 @@ def build_decoder(cfg: TinyConfig) -> nn.Sequential:
     for i, (width, blocks) in enumerate(stages):
         layers += [TinyBlock(width, width, cfg.midblock_gn and i == 0) for _ in range(blocks)]
         if i < len(stages) - 1:
-            layers += [nn.Upsample(scale_factor=2), conv3(width, stages[i + 1][0], bias=False)]
+            layers += [boundary(nn.Upsample(scale_factor=2)), conv3(width, stages[i + 1][0], bias=False)]
         else:
             layers.append(conv3(width, cfg.image_channels))
     return nn.Sequential(*layers)

@@ -3,6 +3,8 @@ proj_out`` as 1x1 convolutions, as in the original and ComfyUI checkpoints), for
 ``dims=3``, for video clips (HunyuanVideo's mid blocks: all T*H*W tokens, block-causal over frames)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,10 +16,13 @@ class SpatialSelfAttention(nn.Module):
     """One head as wide as the channels, over all positions, with a residual connection.
 
     q/k/v are kept as separate 1x1 convs so state dicts round-trip unchanged; fusing them into
-    one projection is a separate, reversible transform (vae/compile.py).
+    one projection ``qkv`` (3C outputs, one conv instead of three) is a separate, reversible
+    transform (vae/qkv.py); ``qkv`` is None while unfused.
 
     ``frame_causal`` (video): a token of frame f attends to every token of frames <= f. Run as one
     attention call per frame over the keys of frames 0..f, so no (THW)^2 mask is ever built."""
+
+    exact_whole = True        # mixes every position: exact tiling runs it on the whole tensor (vae/exact.py)
 
     def __init__(self, channels: int, groups: int = 32, eps: float = 1e-6, dims: int = 2,
                  frame_causal: bool = False):
@@ -29,6 +34,7 @@ class SpatialSelfAttention(nn.Module):
         self.k = conv(channels, channels, 1)
         self.v = conv(channels, channels, 1)
         self.proj_out = conv(channels, channels, 1)
+        self.qkv: Optional[nn.Module] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c = x.shape[:2]
@@ -36,7 +42,8 @@ class SpatialSelfAttention(nn.Module):
         # (B, 1, N, C): SDPA with one head; its default scale is 1/sqrt(C) as in the reference.
         # Contiguous: on CPU, transposed views send SDPA to the math kernel, which materialises the
         # N^2 attention matrix (2.5 GB vs 0.27 GB for a 128x128 latent).
-        q, k, v = (p(hn).reshape(b, 1, c, -1).transpose(-1, -2).contiguous() for p in (self.q, self.k, self.v))
+        parts = self.qkv(hn).chunk(3, dim=1) if self.qkv is not None else (self.q(hn), self.k(hn), self.v(hn))
+        q, k, v = (p.reshape(b, 1, c, -1).transpose(-1, -2).contiguous() for p in parts)
         if self.frame_causal and x.dim() == 5 and x.shape[2] > 1:
             t = x.shape[2]
             n = q.shape[2] // t

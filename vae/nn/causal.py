@@ -84,6 +84,11 @@ class CausalConv3d(Streamable, nn.Conv3d):
         self._replicate = (pw, pw, ph, ph, 0, 0) if mode != "zeros" and (ph or pw) else None
 
     @property
+    def hw_padding(self) -> tuple[int, int]:
+        """Spatial padding per side, whether the conv applies it (zeros) or pads first."""
+        return self._hw_pad
+
+    @property
     def time_span(self) -> int:
         """Frames of padding in front of a causal clip: (k_t - 1) * dilation."""
         return (self.kernel_size[0] - 1) * self.dilation[0]

@@ -17,13 +17,18 @@ StatsHook = Callable[["GroupNorm", torch.Tensor], Optional[tuple[torch.Tensor, t
 
 
 def group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Sum of x and of x^2 per (batch, group) in fp32, and the element count per group.
+    """Sum of x and of x^2 per (batch, group), and the element count per group.
 
     Sums (not means) so that tiles can be accumulated and the exact variance recovered as
-    E[x^2] - E[x]^2 over the whole tensor."""
-    b = x.shape[0]
-    flat = x.reshape(b, groups, -1).float()
-    return flat.sum(-1), flat.square().sum(-1), flat.shape[-1]
+    E[x^2] - E[x]^2 over the whole tensor. Each part's mean and variance are reduced in fp32
+    straight from ``x`` (a strided view is fine: no copy of the tile) and returned as float64 sums,
+    so the cancellation in E[x^2] - E[x]^2 happens in float64."""
+    v = x.unflatten(1, (groups, -1))
+    v = v if v.dtype == torch.float32 else v.float()
+    var, mean = torch.var_mean(v, dim=tuple(range(2, v.dim())), correction=0)
+    n = v[0, 0].numel()
+    mean = mean.double()
+    return mean * n, (var.double() + mean.square()) * n, n
 
 
 def normalize_with_stats(x: torch.Tensor, norm: nn.GroupNorm, mean: torch.Tensor,
@@ -39,7 +44,8 @@ def normalize_with_stats(x: torch.Tensor, norm: nn.GroupNorm, mean: torch.Tensor
         scale = scale * w
         shift = shift * w + norm.bias.float()
     view = (b, c) + (1,) * (x.dim() - 2)
-    return (x.float() * scale.reshape(view) + shift.reshape(view)).to(x.dtype)
+    # one output allocation (a tile's working set is what exact tiling keeps small)
+    return torch.addcmul(shift.reshape(view), x.float(), scale.reshape(view)).to(x.dtype)
 
 
 class GroupNorm(nn.GroupNorm):

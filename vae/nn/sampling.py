@@ -10,6 +10,8 @@ class Downsample2x(nn.Module):
     """3x3 stride-2 conv after zero padding one row/column at the bottom/right (the reference's
     asymmetric padding; symmetric padding would shift the latent grid by half a pixel)."""
 
+    exact_boundary = True     # exact tiling may re-cut tiles at its input (vae/exact.py)
+
     def __init__(self, channels: int):
         super().__init__()
         self.conv = nn.Conv2d(channels, channels, 3, stride=2)
@@ -20,6 +22,8 @@ class Downsample2x(nn.Module):
 
 class Upsample2x(nn.Module):
     """Nearest-neighbour 2x then a 3x3 conv."""
+
+    exact_boundary = True
 
     def __init__(self, channels: int):
         super().__init__()

@@ -1,0 +1,158 @@
+"""The fp16/bf16 NaN guard: tiles whose half-precision output overflows are recomputed upcast, the
+log names them, the shared model is never changed, and fp32 handles never run the guard."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from vae import from_state_dict, guard
+from vae.archs import kl
+from vae.handle import VAE
+from vae.nn.causal import is_streaming
+
+CFG = kl.KLConfig(ch=32, ch_mult=(1, 2), num_res_blocks=1, z_channels=4, embed_dim=4)
+SCALE = 3000.0     # decoder.conv_in x3000: the residual stream carries ~3000x the latent (as SDXL's VAE overflows)
+
+
+def _kl_pair(side: str = "decoder") -> tuple[VAE, VAE]:
+    """The same overflow-prone weights as an fp32 and an fp16 handle. The scaled conv feeds the
+    residual stream, whose later GroupNorms undo the scale: fp32 output stays sane, fp16 activations
+    exceed 65504 wherever the input is large."""
+    torch.manual_seed(0)
+    model = kl.AutoencoderKL(CFG).eval().requires_grad_(False)
+    with torch.no_grad():
+        conv = getattr(model, side).conv_in
+        conv.weight.mul_(SCALE if side == "decoder" else 30 * SCALE)       # pixels are at most 1
+        conv.bias.mul_(SCALE) if side == "decoder" else conv.bias.zero_()
+    sd = model.state_dict()
+    return from_state_dict(sd), from_state_dict(sd, dtype=torch.float16)
+
+
+def _latent() -> torch.Tensor:
+    z = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(1))
+    z[:, :, 2:6, 11:15] *= 30            # large values in the top-right quarter only
+    return z
+
+
+def test_raw_fp16_overflows_so_the_tests_mean_something():
+    _, v16 = _kl_pair()
+    with torch.inference_mode():
+        y = v16.model.decode(v16._model_input(_latent()))
+    assert not torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("tile", [None, 16])
+def test_decode_overflow_is_recomputed_and_logged(tile, caplog):
+    v32, v16 = _kl_pair()
+    z = _latent()
+    ref = v32.decode(z, tile=tile)
+    sd_before = {k: v.clone() for k, v in v16.model.state_dict().items()}
+    with caplog.at_level(logging.WARNING, logger="VAEKit"):
+        out = v16.decode(z, tile=tile)
+    assert torch.isfinite(out).all()
+    assert (out - ref).abs().max() <= 1e-2
+    rec = v16.last_upcast
+    want = ((0, 0),) if tile is None else ((0, 1),)          # 2x2 tiles: only the top-right one overflows
+    assert rec.tiles == want and rec.dtypes == (torch.float32,) and not rec.failed
+    assert rec.total == (1 if tile is None else 4)
+    lines = [r.getMessage() for r in caplog.records if r.name == "VAEKit"]
+    assert len(lines) == 1
+    assert f"{len(want)} of {rec.total} tiles overflowed in float16 and were recomputed in float32" in lines[0]
+    assert "(0,1)" in lines[0] or tile is None
+    # the shared model was only read
+    after = v16.model.state_dict()
+    assert v16.dtype == torch.float16 and all(torch.equal(sd_before[k], after[k]) for k in after)
+
+
+def test_exact_mode_recomputes_the_whole_run():
+    v32, v16 = _kl_pair()
+    z = _latent()
+    out = v16.decode(z, tile=16, mode="exact")
+    assert torch.isfinite(out).all() and (out - v32.decode(z, tile=16, mode="exact")).abs().max() <= 1e-2
+    assert v16.last_upcast.whole and "recomputed whole in float32" in v16.last_upcast.message
+
+
+def test_encode_overflow_is_recomputed():
+    v32, v16 = _kl_pair("encoder")
+    x = torch.full((1, 3, 32, 32), 0.5)          # 0.5 is 0 at the model's input: no activation
+    x[:, :, :8, :8] = torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    ref = v32.encode(x, tile=16)
+    out = v16.encode(x, tile=16)
+    assert torch.isfinite(out).all() and (out - ref).abs().max() <= 1e-2 * ref.abs().max()
+    assert v16.last_upcast.op == "encode" and v16.last_upcast.tiles == ((0, 0),)
+
+
+def test_no_overflow_no_recompute():
+    _, v16 = _kl_pair()
+    z = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3))
+    assert torch.isfinite(v16.decode(z)).all()
+    assert v16.last_upcast.tiles == () and v16.last_upcast.total == 1
+
+
+def test_fp32_handles_never_run_the_guard(monkeypatch):
+    v32, _ = _kl_pair()
+
+    def boom(*_a, **_k):
+        raise AssertionError("the guard ran on an fp32 handle")
+    monkeypatch.setattr(guard, "finite", boom)
+    monkeypatch.setattr(guard, "upcast_copy", boom)
+    v32.decode(_latent(), tile=16)
+    v32.encode(torch.rand(1, 3, 16, 16))
+    assert v32.last_upcast is None
+
+
+def test_failure_during_recompute_leaves_the_shared_model_intact(monkeypatch):
+    _, v16 = _kl_pair()
+    before = {k: v.clone() for k, v in v16.model.state_dict().items()}
+    real = guard.upcast_copy
+
+    def failing_copy(model, dtype):
+        m = real(model, dtype)
+        m.decode = lambda *_a, **_k: (_ for _ in ()).throw(MemoryError("out of memory (simulated)"))
+        return m
+    monkeypatch.setattr(guard, "upcast_copy", failing_copy)
+    with pytest.raises(MemoryError):
+        v16.decode(_latent(), tile=16)
+    after = v16.model.state_dict()
+    assert v16.dtype == torch.float16 and all(torch.equal(before[k], after[k]) for k in after)
+    monkeypatch.setattr(guard, "upcast_copy", real)
+    assert torch.isfinite(v16.decode(_latent(), tile=16)).all()
+
+
+def test_upcast_copy_of_a_compiled_model_is_eager():
+    _, v16 = _kl_pair()
+    v16.model.decoder.compile()                   # never run: compiling costs nothing until called
+    v16.model.encoder = torch.compile(v16.model.encoder)
+    v16.model.decode = torch.compile(v16.model.decode)
+    m = guard.upcast_copy(v16.model, torch.float32)
+    assert m.decoder._compiled_call_impl is None and not hasattr(m.encoder, "_orig_mod")
+    assert "decode" not in vars(m) and m.decode.__self__ is m
+    assert next(m.parameters()).dtype == torch.float32 and v16.dtype == torch.float16
+    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(m.parameters(), v16.model.parameters()))
+
+
+def test_cpu_upcasts_to_fp32():
+    assert guard.ladder(torch.float16, torch.device("cpu")) == (torch.float32,)
+    assert guard.ladder(torch.bfloat16, torch.device("cpu")) == (torch.float32,)
+
+
+def test_streamed_decode_replays_the_tile_stream_upcast(caplog):
+    """Magvit streams a clip chunk by chunk through causal caches: the overflow is in the second
+    latent frame of the right half only, so the right tile's stream is replayed upcast from its first
+    chunk (a cold cache would give a first chunk's frame count, and the run would fail)."""
+    from video_families import tiny_state_dict
+    sd = {k: v * 20000 if k.startswith("decoder.conv_in") else v for k, v in tiny_state_dict("magvit").items()}
+    v32, v16 = from_state_dict(sd), from_state_dict(sd, dtype=torch.float16)
+    assert v16.caps.stream_decode
+    z = torch.randn(1, 16, 2, 2, 4, generator=torch.Generator().manual_seed(1))
+    z[:, :, 1, :, 2:] *= 30
+    kw = dict(tile_frames=4, tile=16, overlap=0)            # 2 chunks x 2 spatial tiles
+    with caplog.at_level(logging.WARNING, logger="VAEKit"):
+        out = v16.decode(z, **kw)
+    assert torch.isfinite(out).all() and (out - v32.decode(z, **kw)).abs().max() <= 1e-2
+    rec = v16.last_upcast
+    assert rec.streamed and rec.tiles == ((0, 1),) and rec.total == 2
+    assert "1 of 2 spatial tiles overflowed in float16 and were re-streamed" in caplog.text
+    assert not is_streaming(v16.model)
