@@ -339,7 +339,7 @@ def _cut(tile: Tile, scales: Sequence[Fraction], seg: Segment, full: Sequence[in
         tile.hi.append(min(n, int(b * s) + pad))
 
 
-def _slice(t: torch.Tensor, tile: Tile) -> tuple:
+def _slice(tile: Tile) -> tuple:
     return (..., *(slice(lo, hi) for lo, hi in zip(tile.lo, tile.hi)))
 
 
@@ -376,7 +376,7 @@ def _run(fn, model, x, cores, in_unit, out_unit, out_device, probe_size, progres
         cos = []
         for tile in tiles:
             _cut(tile, [Fraction(in_unit)] * 2, segs[0], x.shape[-2:])
-            cos.append(_Coroutine(fn, x[_slice(x, tile)], tile))
+            cos.append(_Coroutine(fn, x[_slice(tile)], tile))
         try:
             replies: list = [None] * len(cos)
             for step in itertools.count():
@@ -401,13 +401,13 @@ def _run(fn, model, x, cores, in_unit, out_unit, out_device, probe_size, progres
                         dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(co.tile.core, scales))
                         out[(..., *dst)] = y[core].to(out_device, torch.float32)
                     return out
-                replies = _answer(step, msgs, cos, syncs, segs, latent, x.device, out_device)
+                replies = _answer(step, msgs, cos, syncs, segs, latent, out_device)
         finally:
             for co in cos:
                 co.abort()
 
 
-def _answer(step: int, msgs, cos, syncs: Sequence[Event], segs: Sequence[Segment], latent, device, out_device):
+def _answer(step: int, msgs, cos, syncs: Sequence[Event], segs: Sequence[Segment], latent, out_device):
     """One round: every tile paused at the same place; compute what each resumes with."""
     expect = syncs[step] if step < len(syncs) else None
     for kind, value in msgs:
@@ -425,6 +425,7 @@ def _answer(step: int, msgs, cos, syncs: Sequence[Event], segs: Sequence[Segment
     whole = expect.kind == "whole"
     first = msgs[0][1][2][0]
     scales = msgs[0][1][2][1]
+    device = first.device                # where the tiles compute
     size = [int(n * s) for n, s in zip(latent, scales)]
     fmt = torch.channels_last if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last) \
         else torch.contiguous_format
@@ -439,5 +440,5 @@ def _answer(step: int, msgs, cos, syncs: Sequence[Event], segs: Sequence[Segment
 
     def recut(co: _Coroutine) -> torch.Tensor:     # made when the tile resumes: one new slice at a time
         _cut(co.tile, scales, seg, size)
-        return full[_slice(full, co.tile)].to(device).clone(memory_format=fmt)
+        return full[_slice(co.tile)].to(device).clone(memory_format=fmt)
     return [functools.partial(recut, co) for co in cos]
