@@ -33,6 +33,7 @@ from torch import nn
 
 from . import exact, tiling
 from .errors import InputError
+from .guard import eager_copy
 from .handle import VAE
 from .nn.causal import is_streaming
 from .qkv import fuse_qkv as _fuse_qkv
@@ -143,15 +144,9 @@ class _Compiled:
 
 
 def _clone(model: nn.Module) -> nn.Module:
-    """A new module tree over the same storage: new Parameter objects (so ``.to()`` on one tree never
-    moves the other's), the same buffer tensors (``.to()`` replaces buffers, never mutates them). The
-    clone is eager, also when ``model`` is a compiled handle's."""
-    memo: dict = {id(p): nn.Parameter(p.detach(), requires_grad=p.requires_grad) for p in model.parameters()}
-    memo.update({id(b): b for b in model.buffers()})
-    clone = copy.deepcopy(model, memo)
-    for k in [k for k, v in vars(model).items() if isinstance(v, _Compiled)]:
-        delattr(clone, k)
-    return clone
+    """A new, eager module tree over the same storage: new Parameter objects (so ``.to()`` on one tree
+    never moves the other's), the same buffer tensors (``.to()`` replaces buffers, never mutates them)."""
+    return eager_copy(model, lambda t: t)
 
 
 class CompiledVAE(VAE):

@@ -111,20 +111,17 @@ def ladder(dtype: torch.dtype, device: torch.device) -> tuple[torch.dtype, ...]:
     return (torch.float32,)
 
 
-def upcast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """An eager copy of ``model`` in ``dtype``; ``model`` is only read.
+def eager_copy(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+    """A new module tree like ``model``, each parameter and buffer replaced by ``convert(tensor)``,
+    with every torch.compile wrapper dropped (it runs eagerly); ``model`` is only read. The NaN
+    guard's upcast copy and a compiled handle's own tree (vae/compile.py) are both made here.
 
-    Every floating weight is cast straight into the copy (a deepcopy memo), so the peak is the copy
-    alone, never an extra half-precision duplicate. torch.compile wrappers are dropped: a rare
-    recompute does not pay a compile, and must not run the original module through a compiled
-    call bound to it."""
+    The converted tensors go into the deepcopy memo, so nothing is duplicated on the way (an upcast
+    copy peaks at the copy alone; an identity ``convert`` shares the storage)."""
     model = getattr(model, "_orig_mod", model)
-    memo: dict = {}
-    for p in model.parameters():
-        memo[id(p)] = nn.Parameter(p.detach().to(dtype) if p.is_floating_point() else p.detach().clone(),
-                                   requires_grad=False)
-    for b in model.buffers():
-        memo[id(b)] = b.to(dtype) if b.is_floating_point() else b.clone()
+    memo: dict = {id(p): nn.Parameter(convert(p.detach()), requires_grad=p.requires_grad)
+                  for p in model.parameters()}
+    memo.update({id(b): convert(b) for b in model.buffers()})
     for m in model.modules():
         for name, child in m._modules.items():
             if child is not None and hasattr(child, "_orig_mod"):      # a torch.compile'd submodule
@@ -137,6 +134,12 @@ def upcast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
             delattr(m, name)            # a method replaced on the instance (e.g. a compiled decode)
     set_streaming(out, False)             # drop any stream state copied with the modules
     return out
+
+
+def upcast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """An eager copy of ``model`` in ``dtype`` (floating tensors cast, others copied). A rare
+    recompute does not pay a compile, and must not run the original through a compiled call."""
+    return eager_copy(model, lambda t: t.to(dtype) if t.is_floating_point() else t.clone())
 
 
 class Guard:
