@@ -31,11 +31,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import exact, tiling
+from . import run, tiling
 from .errors import InputError
 from .guard import eager_copy
 from .handle import VAE
-from .nn.causal import is_streaming
 from .qkv import fuse_qkv as _fuse_qkv
 
 log = logging.getLogger("VAEKit")
@@ -114,7 +113,8 @@ class _Compiled:
 
     def __call__(self, x: torch.Tensor, *args, **kwargs):
         # streamed chunks (per-chunk cache state) and exact tiles (they pause inside the model) run eagerly
-        if self.failed or is_streaming(self.model) or exact.running(self.model):
+        state = run.current()
+        if self.failed or state.memory is not None or state.exact is not None:
             return self.eager(x, *args, **kwargs)
         if self.auto_dynamic and self.dims:
             torch._dynamo.maybe_mark_dynamic(x, [x.dim() + d for d in self.dims])

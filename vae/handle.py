@@ -194,12 +194,12 @@ class VAE:
             plans = self._plans(z.shape[2:], tile, overlap, tile_frames, overlap_frames)
             out_device = torch.device(out_device or "cpu")
             chunk = self._stream_chunk(z.shape[2], tile_frames, self.caps.stream_decode)
+            ins, outs = streaming.decode_chunks(z.shape[2], chunk, self.caps.temporal_ratio) if chunk else (0, 0)
             cores = self._exact_cores(z.shape[-2:], tile) if mode == "exact" else None
             if cores:
                 out = g.whole(lambda f, m: exact.run_exact(f, m, z, cores, 1, self.caps.spatial_ratio, out_device,
-                                                           progress=progress))
+                                                           chunks=(ins, outs) if chunk else None, progress=progress))
             elif chunk:
-                ins, outs = streaming.decode_chunks(z.shape[2], chunk, self.caps.temporal_ratio)
                 out = streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, z, ins, outs, plans[1:],
                                              (1, 1), pixel_units[1:], self.caps.image_channels,
                                              self.frames_for(z.shape[2]), out_device, progress)
@@ -210,7 +210,8 @@ class VAE:
 
     def _exact_cores(self, grid: tuple[int, ...], tile: Tile) -> Optional[list]:
         """Exact mode's tile cores per spatial axis (latent units), or None when one tile covers it.
-        Time is not tiled in exact mode: each spatial tile runs the whole clip."""
+        Time is never cut in exact mode: a model that streams runs each tile chunk by chunk through
+        its caches; any other runs the whole clip per tile."""
         tiles = tile if isinstance(tile, (tuple, list)) else (tile, tile)
         r = self.caps.spatial_ratio
         cores = [tiling.core_spans(n, max(1, t // r) if t else 0) for n, t in zip(grid, tiles)]
@@ -218,10 +219,14 @@ class VAE:
 
     def _stream_chunk(self, latent_frames: int, tile_frames: Optional[int], declared: bool) -> int:
         """Latent frames per chunk when the time axis is streamed (exact), else 0 (one pass, or
-        overlapping temporal tiles for models that cannot stream)."""
-        if not (self.is_video and declared and tile_frames):
+        overlapping temporal tiles for models that cannot stream). ``tile_frames`` (pixel frames)
+        asks for chunks of at most that many; a model's own ``stream_chunk`` (the reference's
+        chunking, e.g. Wan's one latent frame) is the default and the largest chunk."""
+        if not (self.is_video and declared):
             return 0
-        chunk = max(1, tile_frames // self.caps.temporal_ratio)
+        cap = self.caps.stream_chunk
+        chunk = max(1, tile_frames // self.caps.temporal_ratio) if tile_frames else cap
+        chunk = min(chunk, cap) if cap else chunk
         return chunk if tiling.needs_tiling(latent_frames, chunk) else 0
 
     def encode(self, x: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
@@ -247,11 +252,12 @@ class VAE:
         out_device = torch.device(out_device or "cpu")
         with torch.inference_mode(), guard.Guard(self, "encode", fn) as g:
             chunk = self._stream_chunk(grid[0], tile_frames, self.caps.stream_encode)
+            ins, outs = streaming.encode_chunks(grid[0], chunk, self.caps.temporal_ratio) if chunk else (0, 0)
             cores = self._exact_cores(grid[-2:], tile) if mode == "exact" else None
             if cores:
-                z = g.whole(lambda f, m: exact.run_exact(f, m, x, cores, r, 1, out_device, progress=progress))
+                z = g.whole(lambda f, m: exact.run_exact(f, m, x, cores, r, 1, out_device,
+                                                         chunks=(ins, outs) if chunk else None, progress=progress))
             elif chunk:
-                ins, outs = streaming.encode_chunks(grid[0], chunk, self.caps.temporal_ratio)
                 z = streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, x, ins, outs, plans[1:],
                                            (r, r), (1, 1),
                                            self.caps.latent_channels, grid[0], out_device, progress)

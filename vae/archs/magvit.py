@@ -31,9 +31,10 @@ from torch import nn
 from ..errors import InputError, LoadError
 from ..keymap import count_indices, linear_to_conv1x1, rename
 from ..nn.attention import SpatialSelfAttention
-from ..nn.causal import CausalConv3d, Streamable, frames, is_streaming, unframes
+from ..nn.causal import CausalConv3d, frames, unframes
 from ..nn.norm import FrameGroupNorm
 from ..nn.resnet import ResnetBlock
+from ..run import Seam, Streamable, streaming
 from ..spec import ArchSpec, Capabilities
 from . import ldm
 
@@ -80,7 +81,7 @@ class FrameSelfAttention(SpatialSelfAttention):
         return unframes(super().forward(frames(x)), x.shape[0])
 
 
-class Downsampler(nn.Module):
+class Downsampler(Seam, nn.Module):
     """Zero pad right/bottom, then a causal 3^3 conv of stride 2 in space (and time)."""
 
     exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
@@ -93,7 +94,7 @@ class Downsampler(nn.Module):
         return self.conv(F.pad(x, (0, 1, 0, 1)))
 
 
-class Upsampler(Streamable, nn.Module):
+class Upsampler(Seam, Streamable, nn.Module):
     """Nearest 2x in space, causal 3^3 conv, then (temporal levels) every frame but the clip's first
     repeated twice in time: the reference decodes the first latent frame alone and never doubles it."""
 
@@ -103,18 +104,13 @@ class Upsampler(Streamable, nn.Module):
         super().__init__()
         self.temporal = temporal
         self.conv = CausalConv3d(channels, channels, 3)
-        self._first_done = False
-
-    def reset_stream(self, on: bool) -> None:
-        super().reset_stream(on)
-        self._first_done = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv(F.interpolate(x, scale_factor=(1, 2, 2), mode="nearest"))
         if not self.temporal or h.shape[2] == 0:
             return h
-        keep = 0 if self._first_done else 1
-        self._first_done = self.streaming
+        keep = 0 if self.recall(False) else 1       # in a stream, only the first chunk keeps one
+        self.remember(True)
         return torch.cat([h[:, :, :keep], h[:, :, keep:].repeat_interleave(2, dim=2)], dim=2)
 
 
@@ -214,7 +210,7 @@ class AutoencoderKLMagvit(ldm.Autoencoder):
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         t, r = x.shape[2], self.temporal_ratio
-        if (t - 1) % r and not is_streaming(self.encoder):   # a stream's later chunks are r*k frames
+        if (t - 1) % r and not streaming():   # a stream's later chunks are r*k frames
             raise InputError(f"Magvit encodes 1 + {r}*k frames, got {t}.", input="pixels")
         return super().encode(x)
 

@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..run import Seam
 from .norm import GroupNorm
 
 
-class SpatialSelfAttention(nn.Module):
+class SpatialSelfAttention(Seam, nn.Module):
     """One head as wide as the channels, over all positions, with a residual connection.
 
     q/k/v are kept as separate 1x1 convs so state dicts round-trip unchanged; fusing them into
