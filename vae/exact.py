@@ -369,7 +369,7 @@ class _Run:
         n_chunks = len(self.chunks[0]) if self.chunks else 1
         total = len(tiles) * (len(self.rounds) * n_chunks + 1 - bool(self.chunks))
         for tile in tiles:
-            _cut(tile, [Fraction(in_unit)] * 2, self.segs[0], self.x.shape[-2:])
+            self._start(tile, in_unit)
             self.cos.append(_Coroutine(tile, {} if self.chunks else None, self._body(self.x[_slice(tile)])))
         done = 0
         replies: list = [None] * len(self.cos)
@@ -396,12 +396,18 @@ class _Run:
             if expect is _CHUNK:
                 index = msgs[0][1][2][0]
                 self._write([v[2][1] for _, v in msgs], self.chunks[1][index])
+                for co in self.cos:        # the next chunk starts from the input's cut again
+                    self._start(co.tile, in_unit)
                 replies = [None] * len(self.cos)
                 continue
             seg = None if expect.kind == "stats" else self.segs[1 + sum(e.kind != "stats" for e in self.rounds[:i])]
             with runstate.stream(self.whole_memory) if self.chunks else contextlib.nullcontext():
                 replies = _answer(expect, seg, msgs, self.cos, self.latent, self.out_device)
         raise AssertionError("unreachable")
+
+    def _start(self, tile: Tile, in_unit: int) -> None:
+        """The tile's extent in the model's input: its core plus the first stretch's halo."""
+        _cut(tile, [Fraction(in_unit)] * 2, self.segs[0], self.x.shape[-2:])
 
     def _write(self, ys: Sequence[torch.Tensor], frames: Optional[tuple[int, int]]) -> None:
         """Put each tile's core of its output (a chunk's frames ``frames``, or all) into the output."""
