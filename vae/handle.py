@@ -220,14 +220,21 @@ class VAE:
     def _stream_chunk(self, latent_frames: int, tile_frames: Optional[int], declared: bool) -> int:
         """Latent frames per chunk when the time axis is streamed (exact), else 0 (one pass, or
         overlapping temporal tiles for models that cannot stream). ``tile_frames`` (pixel frames)
-        asks for chunks of at most that many; a model's own ``stream_chunk`` (the reference's
-        chunking, e.g. Wan's one latent frame) is the default and the largest chunk."""
+        gives the chunk; without it, the model's own ``stream_chunk`` (the reference's chunking, e.g.
+        Wan's one latent frame), or one pass."""
         if not (self.is_video and declared):
             return 0
-        cap = self.caps.stream_chunk
-        chunk = max(1, tile_frames // self.caps.temporal_ratio) if tile_frames else cap
-        chunk = min(chunk, cap) if cap else chunk
+        chunk = max(1, tile_frames // self.caps.temporal_ratio) if tile_frames else self.caps.stream_chunk
         return chunk if tiling.needs_tiling(latent_frames, chunk) else 0
+
+    def temporal_tile(self, frames: Optional[int]) -> Optional[int]:
+        """A node's temporal tile size (pixel frames) as the frames to run at a time: a model that
+        streams in its own chunks (``stream_chunk``) takes no more at once than that, since a longer
+        chunk only costs memory (Wan: one latent frame, 4 frames, as its reference decodes)."""
+        own = self.caps.stream_chunk
+        if not (frames and own and self.is_video):
+            return frames
+        return min(frames, own * self.caps.temporal_ratio)
 
     def encode(self, x: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,

@@ -5,14 +5,14 @@ from typing import Mapping
 
 import torch
 
-from .archs import consistency, hunyuan_video, kl, ltx, magvit, mochi, tiny
+from .archs import consistency, hunyuan_video, kl, ltx, magvit, mochi, tiny, wan
 from .errors import LoadError
 from .spec import ArchSpec
 
 # Order settles overlaps: the most specific key patterns first.
 # Mochi before TAESD: genmo's encoder keys (`encoder.layers.0.weight`) also match tiny.detect.
 # Consistency before KL: its encoder is SD's KL encoder (`decoder_unet.` / OpenAI names tell it apart).
-REGISTRY: tuple[ArchSpec, ...] = (consistency.SPEC, mochi.SPEC, tiny.SPEC, kl.SPEC, ltx.SPEC, magvit.SPEC,
+REGISTRY: tuple[ArchSpec, ...] = (consistency.SPEC, wan.SPEC, mochi.SPEC, tiny.SPEC, kl.SPEC, ltx.SPEC, magvit.SPEC,
                                   hunyuan_video.SPEC)
 
 

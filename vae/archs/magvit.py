@@ -30,8 +30,8 @@ from torch import nn
 
 from ..errors import InputError, LoadError
 from ..keymap import count_indices, linear_to_conv1x1, rename
-from ..nn.attention import SpatialSelfAttention
-from ..nn.causal import CausalConv3d, frames, unframes
+from ..nn.attention import FrameSelfAttention
+from ..nn.causal import CausalConv3d
 from ..nn.norm import FrameGroupNorm
 from ..nn.resnet import ResnetBlock
 from ..run import Seam, Streamable, streaming
@@ -69,16 +69,6 @@ def _conv(cin: int, cout: int) -> nn.Module:
 
 def _resnet(cin: int, cout: int) -> nn.Module:
     return ResnetBlock(cin, cout, GROUPS, EPS, conv=_conv, shortcut=lambda i, o: nn.Conv3d(i, o, 1), norm=_norm)
-
-
-class FrameSelfAttention(SpatialSelfAttention):
-    """V5's mid-block attention: over the H*W tokens of each frame, statistics per frame."""
-
-    def __init__(self, channels: int):
-        super().__init__(channels, GROUPS, EPS, dims=2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return unframes(super().forward(frames(x)), x.shape[0])
 
 
 class Downsampler(Seam, nn.Module):
@@ -121,7 +111,8 @@ class MidBlock(nn.Module):
         super().__init__()
         self.convs = nn.ModuleList(_resnet(channels, channels) for _ in range(layers))
         if attention:
-            self.attentions = nn.ModuleList(FrameSelfAttention(channels) for _ in range(layers - 1))
+            # V5: over the H*W tokens of each frame, statistics per frame
+            self.attentions = nn.ModuleList(FrameSelfAttention(channels, GROUPS, EPS) for _ in range(layers - 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.convs[0](x)

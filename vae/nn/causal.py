@@ -136,6 +136,17 @@ def space_to_depth(x: torch.Tensor, st: int, sh: int, sw: int) -> torch.Tensor:
     return x.reshape(b, c * st * sh * sw, t // st, h // sh, w // sw)
 
 
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """(B, C, T, H*p, W*p) -> (B, C*p*p, T, H, W) with channels ordered (c, w-phase, h-phase): width
+    before height, as LTX-Video's and Wan 2.2's patches are (hence the transposes)."""
+    return x if p == 1 else space_to_depth(x.transpose(3, 4), 1, p, p).transpose(3, 4)
+
+
+def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """Inverse of ``patchify``."""
+    return x if p == 1 else depth_to_space(x.transpose(3, 4), 1, p, p).transpose(3, 4)
+
+
 def frames(x: torch.Tensor) -> torch.Tensor:
     """(B, C, T, H, W) -> (B*T, C, H, W): per-frame ops (2-D convs, per-frame norms) on video."""
     b, c, t, h, w = x.shape

@@ -87,6 +87,21 @@ class ChannelRMSNorm(nn.Module):
         return y
 
 
+class ChannelL2Norm(nn.Module):
+    """x / ||x|| over channels * sqrt(C) * gamma, per pixel/voxel (Wan's RMS_norm: ``F.normalize``, so
+    eps 1e-12 bounds the norm, not the mean square). Key ``gamma`` of shape (C, 1, ...) with one 1 per
+    spatial/time axis (``dims``), as the files store it. Half inputs are normalised in fp32."""
+
+    def __init__(self, channels: int, dims: int = 3):
+        super().__init__()
+        self.scale = channels ** 0.5
+        self.gamma = nn.Parameter(torch.ones(channels, *([1] * dims)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.normalize(x.float() if x.dtype != torch.float64 else x, dim=1).to(x.dtype)
+        return y * (self.gamma * self.scale)
+
+
 class ChannelLayerNorm(nn.LayerNorm):
     """LayerNorm over the channel axis of (B, C, ...) (keys ``weight``, ``bias``)."""
 
