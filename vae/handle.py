@@ -13,8 +13,21 @@ from .spec import ArchSpec, Capabilities
 DeviceLike = Union[str, torch.device, None]
 Tile = Union[int, tuple[int, int], None]
 
-_CHANNEL_HINTS = {4: "SD1.x/SD2.x/SDXL", 12: "Mochi", 16: "SD3/Flux.1, HunyuanVideo, EasyAnimate and Wan",
-                  32: "Flux.2 (unpacked)", 128: "Flux.2 or LTX-Video"}
+# Which models make latents of a channel count, by the latent's rank (image [B, C, h, w] or video
+# [B, C, t, h, w]): counts collide across families, the rank tells many of them apart.
+_CHANNEL_HINTS = {
+    4: {4: "SD1.x/SD2.x/SDXL"},
+    16: {4: "SD3/Flux.1", 5: "Wan 2.1/Qwen-Image, HunyuanVideo or EasyAnimate"},
+    12: {5: "Mochi"}, 48: {5: "Wan 2.2"},
+    32: {4: "Flux.2 (unpacked)", 5: "HunyuanVideo 1.5"},
+    128: {4: "Flux.2", 5: "LTX-Video"},
+}
+
+
+def channel_hint(channels: int, rank: int) -> str:
+    """The models whose latents have ``channels`` channels at this rank (else at any rank)."""
+    by_rank = _CHANNEL_HINTS.get(channels, {})
+    return by_rank.get(rank) or " or ".join(by_rank.values()) or f"a {channels}-channel model"
 
 
 def check_divisible(h: int, w: int, r: int, what: str, input: str = "pixels") -> None:
@@ -97,8 +110,10 @@ class VAE:
                              fix="load the matching *_decoder file too, or the pair by its stem name.")
         if self.is_video:
             if z.dim() != 5:
-                raise InputError(f"{self.name} is a video VAE and takes video latents [B, C, frames, h, w]; "
-                                 f"got shape {tuple(z.shape)}.", input=input,
+                seen = f" (as {channel_hint(z.shape[1], z.dim())} latents have)" if z.dim() == 4 else ""
+                raise InputError(f"{self.name} is a video VAE and takes video latents [B, C, frames, h, w] (one "
+                                 f"frame: [B, C, 1, h, w], as Qwen-Image's sampler gives them); got shape "
+                                 f"{tuple(z.shape)}{seen}.", input=input,
                                  fix="connect the LATENT of a video model (e.g. its sampler's output); "
                                      "an image latent belongs to an image VAE.")
         else:
@@ -110,7 +125,7 @@ class VAE:
         c = z.shape[1]
         accepted = {caps.latent_channels_packed, caps.latent_channels}
         if c not in accepted:
-            src = _CHANNEL_HINTS.get(c, f"a {c}-channel model")
+            src = channel_hint(c, z.dim())
             raise InputError(
                 f"this latent has {c} channels (as {src} latents do) but the loaded VAE, {self.name}, "
                 f"takes {caps.latent_channels_packed}.", input=input,
@@ -131,6 +146,8 @@ class VAE:
             raise InputError("this VAE has no encoder (only a decoder file was loaded).", input="vae",
                              fix="load the matching *_encoder file too, or the pair by its stem name.")
         dims = 5 if self.is_video else 4
+        if x.dim() == dims and x.shape[1] == 3 and caps.image_channels == 4:
+            x = torch.cat([x, x.new_ones(x[:, :1].shape)], dim=1)    # RGB into an RGBA VAE: opaque, as ComfyUI pads
         if x.dim() != dims or x.shape[1] < caps.image_channels:
             what = "clips [B, C, frames, H, W]" if self.is_video else "images [B, C, H, W]"
             raise InputError(f"expected {what} with {caps.image_channels} channels, got shape {tuple(x.shape)}.",
