@@ -210,9 +210,8 @@ class SpaceToDepthDown(Seam, Streamable, nn.Module):
         self.conv = conv(cin, cout // math.prod(stride))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.stride[0] == 2 and not self.recall(False):      # the clip's (stream's) first chunk
+        if self.first_chunk() and self.stride[0] == 2:        # the clip's (stream's) first chunk
             x = torch.cat([x[:, :, :1], x], dim=2)
-        self.remember(True)
         skip = space_to_depth(x, *self.stride).unflatten(1, (-1, self.group)).mean(2)
         return space_to_depth(self.conv(x), *self.stride).add_(skip)
 
