@@ -323,3 +323,15 @@ def test_published_config_parity_streaming_and_exact(version):
         want = ref.encode(x * 2 - 1).latent_dist.mode()
     assert (v.encode(x) - want).abs().max() <= 1e-4
     assert (v.encode(x, tile=3 * s, mode="exact") - want).abs().max() <= 1e-4
+
+
+def test_half_precision_overflow_is_recomputed(caplog):
+    """The NaN guard on Wan's default path (streamed one latent frame at a time): an fp16 overflow
+    replays the stream upcast and the result is the fp32 one."""
+    sd = {k: v * 1e6 if k.startswith("decoder.conv_in") else v for k, v in reference("2.1").state_dict().items()}
+    v32, v16 = vae.from_state_dict(sd), vae.from_state_dict(sd, dtype=torch.float16)
+    z = torch.randn(1, 16, 3, 2, 2)
+    with caplog.at_level("WARNING", logger="VAEKit"):
+        out = v16.decode(z)
+    assert v16.last_upcast.tiles and v16.last_upcast.streamed
+    assert torch.isfinite(out).all() and (out - v32.decode(z)).abs().max() <= 1e-2
