@@ -12,7 +12,8 @@ from .convert import frames_to_image
 from .socket import as_engine
 from .tiled import _DECODE_OPTIONS, _latent_tensor, _prepare, _temporal_ratio
 
-EXACTNESS = ("Exact (equal to a one-pass decode): Mochi, EasyAnimate Magvit, and image VAEs (TAESD family, "
+EXACTNESS = ("Exact (equal to a one-pass decode): Wan 2.1/2.2 (also Qwen-Image's VAE), Mochi, EasyAnimate Magvit, "
+             "and image VAEs (TAESD family, "
              "SD/Flux KL) decoding a batch of frames. Approximate (overlapping chunks, blended): HunyuanVideo "
              "(GroupNorm and attention over the whole clip) and LTX-Video (its decoder is not causal); raise "
              "'overlap' to shrink their seams.")

@@ -18,9 +18,10 @@ _OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
                                "More overlap hides seams better and costs a little more time."})
 _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4,
                      "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; a clip no longer than "
-                                "this is one pass in time. Models that stream through causal caches (Mochi, "
+                                "this is one pass in time. Models that stream through causal caches (Wan, Mochi, "
                                 "Magvit; LTX-Video's encoder) take the clip this many frames at a time with an "
-                                "exact result; others blend overlapping tiles. Ignored by image VAEs."})
+                                "exact result (Wan at most 4, one latent frame, as its own decode does: more "
+                                "frames only cost memory); others blend overlapping tiles. Ignored by image VAEs."})
 _TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4,
                              "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs (at least one "
                                         "latent frame: a later tile's first latent frame is context only, its frames "
@@ -46,7 +47,9 @@ _MODE = (["fast", "exact"], {"default": "fast",
                                "attention runs on the whole latent; overlap is not used. Costs: about 1.3-1.5x the "
                                "untiled time (CPU, SD-shape VAE at 1024 px), and the paused tiles together hold the "
                                "current level's activations: less memory than an untiled pass, more than fast mode. "
-                               "Video: tiles are spatial and each runs the whole clip (temporal size is ignored)."})
+                               "Video: tiles are spatial; models that stream (Wan, Mochi, Magvit) run each tile "
+                               "chunk by chunk through its causal caches, so memory stays flat in the frame count; "
+                               "others run the whole clip per tile."})
 _TILING = {"tile_size": _TILE, "overlap": _OVERLAP, "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP}
 
 
@@ -93,7 +96,11 @@ class VAEKitTiledEncode:
     def INPUT_TYPES(cls):
         return {"required": {
             "pixels": ("IMAGE", {"tooltip": "Images [N, H, W, 3] in 0..1; sides must be multiples of the VAE's "
-                                            "compression (8 for SD/Flux.1 VAEs, 16 for Flux.2's packed latents)."}),
+                                            "compression (8 for SD/Flux.1 and Wan 2.1 VAEs, 16 for Flux.2's packed "
+                                            "latents and Wan 2.2). A video VAE takes the batch as one clip, as "
+                                            "core's VAE Encode does: N images give 1 + (N-1)//4 latent frames for "
+                                            "Wan (frames past the last whole group are dropped); one image is a "
+                                            "one-frame clip (Qwen-Image). An RGBA VAE gets RGB with opaque alpha."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             "optional": {"mode": _MODE}}
