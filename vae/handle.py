@@ -15,6 +15,9 @@ Tile = Union[int, tuple[int, int], None]
 
 _CHANNEL_HINTS = {4: "SD1.x/SD2.x/SDXL", 12: "Mochi", 16: "SD3/Flux.1, HunyuanVideo, EasyAnimate and Wan",
                   32: "Flux.2 (unpacked)", 128: "Flux.2 or LTX-Video"}
+# counts an image and a video family share: the latent's rank (4-D image, 5-D video) tells them apart
+_RANK_HINTS = {(32, 4): "Flux.2 (unpacked, as taef2's)", (32, 5): "HunyuanVideo 1.5",
+               (128, 4): "Flux.2", (128, 5): "LTX-Video or LTX-2"}
 
 
 def check_divisible(h: int, w: int, r: int, what: str, input: str = "pixels") -> None:
@@ -110,7 +113,7 @@ class VAE:
         c = z.shape[1]
         accepted = {caps.latent_channels_packed, caps.latent_channels}
         if c not in accepted:
-            src = _CHANNEL_HINTS.get(c, f"a {c}-channel model")
+            src = _RANK_HINTS.get((c, z.dim())) or _CHANNEL_HINTS.get(c, f"a {c}-channel model")
             raise InputError(
                 f"this latent has {c} channels (as {src} latents do) but the loaded VAE, {self.name}, "
                 f"takes {caps.latent_channels_packed}.", input=input,
@@ -258,4 +261,6 @@ class VAE:
             else:
                 z = tiling.run_tiled(g.tiled(plans), x, plans, pixel_units, latent_units, self.caps.latent_channels,
                                      out_device, progress=progress)
+            if hasattr(self.model, "finish_encode"):     # whole-latent steps after tiling (Flux.2's BatchNorm)
+                z = self.model.finish_encode(z)
             return latents.pack(z, self.caps.latent_pack)
