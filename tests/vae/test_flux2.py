@@ -1,7 +1,7 @@
 """Flux.2 VAE: parity with the diffusers Flux.2 pipeline (its own BatchNorm + 2x2 packing steps around
 AutoencoderKLFlux2) on the same random weights, the 32-channel convention, every key layout, the small
-decoder, detection, core's VAE contract, and every engine (fast and exact tiles, NaN guard, compile,
-fused q/k/v).
+decoder, detection, core's VAE contract both ways, and every engine (fast and exact tiles, NaN guard,
+compile with fused q/k/v; inductor runs in test_compile.py's slow family list).
 
 Random weights only: no real Flux.2 weights are used (none are in this repository). The BatchNorm
 statistics are random too, per channel, so a wrong packing order or a tile that un-normalises with
@@ -153,7 +153,7 @@ def test_small_decoder_widths_come_from_the_weights():
     """Encoder and decoder widths are read independently (FLUX.2's small decoders are narrower)."""
     v = vae.from_state_dict(F2.model(widths=(32, 64), decoder_widths=(32, 96)).state_dict())
     assert v.config.widths == (32, 64) and v.config.decoder_widths == (32, 96)
-    assert "small decoder 32/96" in v.name
+    assert "decoder widths 32/96" in v.name
 
 
 def _other_families() -> dict:
@@ -200,6 +200,20 @@ def test_what_core_reads_from_the_socket(pack):
     z = v.encode(image)
     assert z.shape == (1, 32, 5, 6) and torch.equal(z, v.handle.encode(image.movedim(-1, 1)))
     assert v.decode(z).shape == (1, 20, 24, 3)
+
+
+def test_our_nodes_take_cores_flux2_vae(pack, ours):
+    """A Flux.2 VAE from core's Load VAE (duck-typed comfy.sd.VAE: its first_stage_model's state dict
+    is ComfyUI's layout) is converted and decoded by our implementation."""
+    class CoreVAE:
+        first_stage_model = torch.nn.Identity()
+
+        def get_sd(self):
+            return ours.state_dict()
+    z = _latent(32, 5, 6, b=1)
+    (out,) = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]().decode({"samples": z}, CoreVAE(), tile_size=512,
+                                                                     overlap=64)
+    assert torch.equal(out, ours.decode(z).movedim(1, -1))
 
 
 def test_channel_hints_use_the_latents_rank():

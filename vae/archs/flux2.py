@@ -40,7 +40,7 @@ class Flux2Config(kl.KLConfig):
 class Flux2VAE(kl.AutoencoderKL):
     """encode: pixels in [-1, 1] -> raw latent (the posterior mode), per tile; ``finish_encode``
     normalises the assembled latent. ``prepare_decode`` un-normalises the whole latent; decode: raw
-    latent -> pixels in [-1, 1], per tile. Latents here are unpacked [B, 32, h, w]."""
+    latent -> pixels in [-1, 1], per tile. Latents here are unpacked [B, C, h, w]."""
 
     def __init__(self, cfg: Flux2Config):
         super().__init__(cfg)
@@ -106,7 +106,7 @@ def describe(cfg: Flux2Config) -> str:
     latent = cfg.embed_dim or cfg.z_channels
     parts = [f"{latent} latent channels packed {cfg.pack}x{cfg.pack} into {latent * cfg.pack ** 2}"]
     if cfg.decoder_widths:
-        parts.append(f"small decoder {'/'.join(map(str, cfg.decoder_widths))}")
+        parts.append(f"decoder widths {'/'.join(map(str, cfg.decoder_widths))}")
     if not (cfg.has_encoder and cfg.has_decoder):
         parts.append("decoder only" if cfg.has_decoder else "encoder only")
     return f"Flux.2 VAE ({', '.join(parts)})"
