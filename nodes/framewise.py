@@ -10,7 +10,7 @@ from . import _comfy
 from .base import CATEGORY, names_node
 from .convert import frames_to_image
 from .socket import as_engine
-from .tiled import _DECODE_OPTIONS, _latent_tensor, _prepare
+from .tiled import _DECODE_OPTIONS, _latent_tensor, _prepare, _temporal_ratio
 
 EXACTNESS = ("Exact (equal to a one-pass decode): Mochi, EasyAnimate Magvit, and image VAEs (TAESD family, "
              "SD/Flux KL) decoding a batch of frames. Approximate (overlapping chunks, blended): HunyuanVideo "
@@ -62,11 +62,6 @@ class VAEKitFramewiseDecode:
         images = engine.decode(z, tile_frames=frames_per_chunk * r, overlap_frames=overlap * r,
                                progress=_comfy.progress_callback(), **opts)
         return (frames_to_image(images),)
-
-
-def _temporal_ratio(engine):
-    caps = getattr(engine, "caps", None)
-    return caps.temporal_ratio if caps is not None else getattr(engine, "frames", None)
 
 
 def _decode_batches(engine, z: torch.Tensor, chunk: int, opts: dict) -> torch.Tensor:

@@ -14,7 +14,7 @@ from ..vae import VAE, from_state_dict, tiling
 from ..vae.errors import InputError, VAEKitError
 from ..vae.handle import check_divisible
 from . import _comfy
-from .convert import bchw_to_image, center_crop_to_multiple, image_to_bchw
+from .convert import bchw_to_image, center_crop_to_multiple, image_to_bchw, images_to_clips
 
 
 class VAEKitVAE:
@@ -86,11 +86,15 @@ class VAEKitVAE:
         """[B, C, H, W] -> IMAGE; video [B, C, T, H, W] -> [B, T, H, W, C] (core's VAEDecode flattens it)."""
         return bchw_to_image(images)
 
-    def _clip(self, pixels: torch.Tensor) -> torch.Tensor:
-        """IMAGE -> model layout. A video VAE takes the whole IMAGE batch as one clip, as core does."""
+    def _clip(self, pixels: torch.Tensor, not_video: Optional[bool] = None) -> torch.Tensor:
+        """IMAGE -> model layout, as core's VAE.encode: sides centre-cropped to multiples of the ratio; a
+        video VAE takes the IMAGE batch as one clip (extra frames dropped), or with ``not_video`` each
+        image as a one-frame clip (core's Qwen-Image edit nodes ask for that)."""
         pixels = center_crop_to_multiple(pixels, self.handle.caps.spatial_ratio_packed)
         x = image_to_bchw(pixels)
-        return x.movedim(1, 0).unsqueeze(0) if self.handle.is_video else x
+        if not self.handle.is_video:
+            return x
+        return images_to_clips(x, self.handle.caps.temporal_ratio, one_clip=not not_video)
 
     def decode(self, samples: torch.Tensor, vae_options: Optional[dict] = None) -> torch.Tensor:
         _comfy.prepare(self.handle)
@@ -103,20 +107,22 @@ class VAEKitVAE:
         tile = (int(tile_y or 64) * r, int(tile_x or 64) * r)
         _comfy.prepare(self.handle)
         return self._out(self.handle.decode(samples, tile=tile, overlap=int(overlap or 16) * r,
-                                            tile_frames=int(tile_t) * rt if tile_t else None,
+                                            tile_frames=self.handle.temporal_tile(int(tile_t) * rt if tile_t else None),
                                             overlap_frames=int(overlap_t or 1) * rt,
                                             progress=_comfy.progress_callback(),
                                             out_device=_comfy.intermediate_device()))
 
-    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+    def encode(self, pixels: torch.Tensor, not_video: Optional[bool] = None) -> torch.Tensor:
         _comfy.prepare(self.handle)
-        return self.handle.encode(self._clip(pixels), progress=_comfy.progress_callback(),
+        return self.handle.encode(self._clip(pixels, not_video), progress=_comfy.progress_callback(),
                                   out_device=_comfy.intermediate_device())
 
-    def encode_tiled(self, pixels, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
+    def encode_tiled(self, pixels, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None,
+                     not_video: Optional[bool] = None):
         _comfy.prepare(self.handle)
-        return self.handle.encode(self._clip(pixels), tile=(int(tile_y or 512), int(tile_x or 512)),
-                                  overlap=int(overlap or 64), tile_frames=tile_t, overlap_frames=overlap_t,
+        return self.handle.encode(self._clip(pixels, not_video), tile=(int(tile_y or 512), int(tile_x or 512)),
+                                  overlap=int(overlap or 64), tile_frames=self.handle.temporal_tile(tile_t),
+                                  overlap_frames=overlap_t,
                                   progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
 
 

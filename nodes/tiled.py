@@ -6,7 +6,7 @@ import torch
 from ..vae.errors import InputError
 from . import _comfy
 from .base import CATEGORY, names_node
-from .convert import frames_to_image, image_to_bchw, latent_out
+from .convert import frames_to_image, image_to_bchw, images_to_clips, latent_out
 from .socket import as_engine
 
 _TILE = ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32,
@@ -77,7 +77,7 @@ class VAEKitTiledDecode:
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
         _prepare(engine)
-        images = engine.decode(z, tile=tile_size, overlap=overlap, tile_frames=temporal_size,
+        images = engine.decode(z, tile=tile_size, overlap=overlap, tile_frames=_temporal_tile(engine, temporal_size),
                                overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
                                out_device=_comfy.intermediate_device(),
                                timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed, mode=mode)
@@ -111,8 +111,8 @@ class VAEKitTiledEncode:
         _prepare(engine)
         x = image_to_bchw(pixels)
         if getattr(engine, "is_video", False):      # the IMAGE batch is one clip, as core's VAE Encode
-            x = x.movedim(1, 0).unsqueeze(0)
-        z = engine.encode(x, tile=tile_size, overlap=overlap, tile_frames=temporal_size,
+            x = images_to_clips(x, _temporal_ratio(engine))
+        z = engine.encode(x, tile=tile_size, overlap=overlap, tile_frames=_temporal_tile(engine, temporal_size),
                           overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
                           out_device=_comfy.intermediate_device(), mode=mode)
         return (latent_out(None, z),)
@@ -126,6 +126,17 @@ def _latent_tensor(samples) -> torch.Tensor:
     if getattr(z, "is_nested", False):
         z = z.unbind()[0]
     return z
+
+
+def _temporal_ratio(engine):
+    """Pixel frames per latent frame of a video VAE (ours or a core one), None for an image VAE."""
+    caps = getattr(engine, "caps", None)
+    return caps.temporal_ratio if caps is not None else getattr(engine, "frames", None)
+
+
+def _temporal_tile(engine, frames: int) -> int:
+    """Frames run at a time: the widget's size, or less for a model that streams in chunks of its own."""
+    return engine.temporal_tile(frames) if hasattr(engine, "temporal_tile") else frames
 
 
 def _prepare(engine) -> None:

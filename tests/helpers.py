@@ -24,6 +24,13 @@ def load_pack():
     return mod
 
 
+def module_attrs(model: torch.nn.Module) -> dict:
+    """What is set on each module besides its weights: attribute names and hooks. A call that leaves
+    run state (caches, hooks, patched forwards) on shared modules changes this."""
+    return {name: (type(m), tuple(sorted(vars(m))), len(m._forward_hooks), len(m._forward_pre_hooks))
+            for name, m in model.named_modules()}
+
+
 def jitter_norms(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
     """Random GroupNorm affine parameters, so a parity test also checks the norms' weights."""
     g = torch.Generator().manual_seed(1)

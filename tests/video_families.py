@@ -7,9 +7,9 @@ import torch
 
 from helpers import jitter_norms
 
-FAMILIES = ("mochi", "ltx", "hunyuan_video", "magvit")
+FAMILIES = ("mochi", "ltx", "hunyuan_video", "magvit", "wan")
 # spatial ratio, temporal ratio of each family
-RATIOS = {"mochi": (8, 6), "ltx": (32, 8), "hunyuan_video": (8, 4), "magvit": (8, 4)}
+RATIOS = {"mochi": (8, 6), "ltx": (32, 8), "hunyuan_video": (8, 4), "magvit": (8, 4), "wan": (8, 4)}
 
 
 def tiny_reference(family: str) -> torch.nn.Module:
@@ -26,6 +26,8 @@ def tiny_reference(family: str) -> torch.nn.Module:
     elif family == "hunyuan_video":
         m = diffusers.AutoencoderKLHunyuanVideo(block_out_channels=(32, 32, 32, 32), layers_per_block=1)
         m.use_framewise_decoding = m.use_framewise_encoding = False
+    elif family == "wan":      # Wan 2.1's published structure, narrow
+        m = diffusers.AutoencoderKLWan(base_dim=8, z_dim=16)
     else:
         m = diffusers.AutoencoderKLMagvit(block_out_channels=(32, 32, 32, 32), layers_per_block=1)
     return jitter_norms(m).eval()

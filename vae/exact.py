@@ -5,10 +5,10 @@ A tile differs from the same region of an untiled pass for three reasons; each h
    carries a halo at least the receptive field of the layers it runs before it is re-cut, measured
    from the architecture: every conv's kernel, dilation and padding at the resolution it runs,
    recorded by one probe pass on a tiny input. Each tile keeps only its core.
-2. GroupNorm statistics would be the tile's own. Every GroupNorm pauses the tile (the norm's stats
-   seam, ``vae/nn/norm.py``); when all tiles are there, the fp32 sums of x and x^2 over the tiles'
-   cores give the whole tensor's mean and variance (E[x^2] - E[x]^2, not an average of tile
-   variances) and every tile resumes with them.
+2. GroupNorm statistics would be the tile's own. Every GroupNorm pauses the tile (the norm asks the
+   run state's ``stats`` hook, ``vae/nn/norm.py``); when all tiles are there, the fp32 sums of x and
+   x^2 over the tiles' cores give the whole tensor's mean and variance (E[x^2] - E[x]^2, not an
+   average of tile variances) and every tile resumes with them.
 3. Attention mixes every position. At a module whose class sets ``exact_whole`` the tiles hand over
    their cores; the module runs once on the assembled tensor (attention sits at latent resolution,
    the cheapest level) and each tile resumes with its slice of the result.
@@ -18,21 +18,29 @@ that the next stretch of layers needs, so halos stay a few pixels instead of the
 receptive field. ``exact_boundary = COARSE`` (residual blocks) re-cuts only at latent resolution or
 coarser: there a halo pixel costs the most compute and an assembled map the least memory.
 
+Time (``chunks``): for a model that streams (causal in time, statistics per frame or per voxel), each
+spatial tile runs the clip chunk by chunk through its own causal caches, and the tiles meet at the
+same points of the same chunk. The unit of work is one chunk of one tile, so the working set is
+bounded in resolution and flat in the number of frames. Whole-tensor modules that keep state across
+chunks (causal attention with a key/value cache) keep it in one stream memory of the run.
+
 Tiles are coroutines: each runs the model's own forward in a thread, and exactly one runs at a time
-(a hand-off, not parallelism), so no model code changes and the result is deterministic. Memory: the
-paused tiles together hold about one activation map of the level they are at (plus halos and the
-residual input of the block they are in), one tile's working set while it runs, and an assembled
-map at re-cut points.
+(a hand-off, not parallelism), so no model code changes and the result is deterministic. Everything
+a run needs (each tile's hooks and stream memory) is held by the run, in the tile thread's context
+(``vae/run.py``): nothing is installed on the shared modules, so concurrent calls on one model do not
+see each other. Memory: the paused tiles together hold about one activation map of the level they are
+at (plus halos and the residual input of the block they are in), one tile's working set while it
+runs, and an assembled map at re-cut points.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 import math
 import queue
 import threading
-import weakref
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Optional, Sequence
@@ -40,11 +48,12 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from .nn.norm import GroupNorm, group_moments, set_stats_hook
+from . import run as runstate
+from .nn.norm import GroupNorm, group_moments
 from .tiling import Progress
 
-Fn = Callable[[torch.Tensor], torch.Tensor]
-_local = threading.local()
+Fn = Callable[[torch.Tensor, nn.Module], torch.Tensor]     # fn(x, model): a forward of ``model``
+Spans = Sequence[tuple[int, int]]
 
 
 COARSE = "coarse"
@@ -54,13 +63,6 @@ def _active(module: nn.Module, scale: Sequence[Fraction]) -> bool:
     """Whether a re-cut point at ``scale`` (map pixels per latent pixel) is used."""
     flag = getattr(module, "exact_boundary", False)
     return bool(flag) and (flag != COARSE or max(scale) <= 1)
-
-
-def boundary(module: nn.Module) -> nn.Module:
-    """Mark one module instance as a re-cut point (for classes used elsewhere too, e.g. a strided
-    conv or ``nn.Upsample`` inside an ``nn.Sequential``)."""
-    module.exact_boundary = True
-    return module
 
 
 # ---- receptive field, from a probe pass ---------------------------------------------------------
@@ -82,39 +84,41 @@ def reach(conv: nn.Module) -> tuple[int, int]:
 
 
 def probe(fn: Fn, model: nn.Module, x: torch.Tensor) -> list[Event]:
-    """Run ``fn(x)`` once (a tiny input) and record, in execution order, every spatial conv,
-    GroupNorm, whole-tensor module and re-cut point with its input size. Modules inside a whole
-    module are not recorded (they run on the whole tensor)."""
+    """Run ``fn(x, model)`` once (a tiny input, as a whole clip) and record, in execution order, every
+    spatial conv, GroupNorm, whole-tensor module and re-cut point with its input size. Modules inside
+    a whole module are not recorded (they run on the whole tensor).
+
+    The hooks go on a private copy of the module tree (same storage, no extra memory), never on the
+    shared model; events name the shared model's modules."""
+    from .guard import eager_copy
+    shadow = eager_copy(model, lambda t: t)
+    original = dict(zip(shadow.modules(), model.modules()))
     events: list[Event] = []
     inside = [0]
-    handles = []
 
     def pre(m, args):
         if inside[0]:
             return
         size = tuple(args[0].shape[-2:])
         if getattr(m, "exact_boundary", False):
-            events.append(Event("boundary", m, size))
+            events.append(Event("boundary", original[m], size))
         if getattr(m, "exact_whole", False):
-            events.append(Event("whole", m, size))
+            events.append(Event("whole", original[m], size))
             inside[0] += 1
         elif isinstance(m, GroupNorm):
-            events.append(Event("stats", m, size))
+            events.append(Event("stats", original[m], size))
         elif isinstance(m, nn.modules.conv._ConvNd) and any(k > 1 for k in m.kernel_size[-2:]):
-            events.append(Event("conv", m, size))
+            events.append(Event("conv", original[m], size))
 
     def post(m, args, out):
         if getattr(m, "exact_whole", False) and inside[0]:
             inside[0] -= 1
 
-    for m in model.modules():
-        handles.append(m.register_forward_pre_hook(pre))
-        handles.append(m.register_forward_hook(post))
-    try:
-        fn(x)
-    finally:
-        for h in handles:
-            h.remove()
+    for m in shadow.modules():
+        m.register_forward_pre_hook(pre)
+        m.register_forward_hook(post)
+    with runstate.using(runstate.Run()):
+        fn(x, shadow)
     return events
 
 
@@ -194,32 +198,36 @@ class Tile:
 
 
 class _Coroutine:
-    """One tile's forward in its own thread; ``resume`` runs it until its next pause or its end."""
+    """One tile's forward in its own thread; ``resume`` runs it until its next pause or its end.
 
-    def __init__(self, fn: Fn, x: torch.Tensor, tile: Tile):
-        self.tile = tile
+    It is also the tile's exact-tiling hooks (``stats``, ``seam``), which its thread finds in its run
+    state together with the tile's own stream memory."""
+
+    def __init__(self, tile: Tile, memory: Optional[dict], body: Callable[["_Coroutine"], Callable]):
+        self.tile, self._memory = tile, memory
+        self._body = body(self)          # what the thread runs: a closure over this coroutine
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._main, args=(fn, x), daemon=True)
+        self._thread = threading.Thread(target=self._main, daemon=True)
         self._started = False
         self.finished = False
 
-    def _main(self, fn: Fn, x: torch.Tensor) -> None:
-        _local.co = self
+    def _main(self) -> None:
+        body, self._body = self._body, None
         if self._inbox.get() is _ABORT:
             self._outbox.put(("aborted", None))
             return
         try:
-            with torch.inference_mode():
-                out = fn(x)
-            del x
+            with torch.inference_mode(), runstate.using(runstate.Run(memory=self._memory, exact=self)):
+                out = body()
+            del body
             self._outbox.put(("done", out))
         except _Abort:
             self._outbox.put(("aborted", None))
         except BaseException as e:   # handed to the main thread, which raises it
             self._outbox.put(("error", e))
 
-    def pause(self, kind: str, module: nn.Module, payload):
+    def pause(self, kind: str, module: Optional[nn.Module], payload):
         self._outbox.put(("sync", (kind, module, payload)))
         reply = self._inbox.get()
         if reply is _ABORT:
@@ -241,67 +249,29 @@ class _Coroutine:
         if self._started:
             self._thread.join()
 
+    # ---- the hooks the tile's modules call (through its run state) --------------------------------
+    def stats(self, norm: GroupNorm, x: torch.Tensor):
+        _, core = self.tile.locate(x)
+        return self.pause("stats", norm, group_moments(x[core], norm.num_groups))
 
-def _current() -> Optional[_Coroutine]:
-    return getattr(_local, "co", None)
+    def seam(self, module: nn.Module, x: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]):
+        kind = "whole" if getattr(module, "exact_whole", False) else "boundary"
+        scales, core = self.tile.locate(x)
+        if kind == "boundary" and not _active(module, scales):
+            return forward(x)
+        x = self.pause(kind, module, (x[core], scales))    # the re-cut tile (for "whole": of the output)
+        return x if kind == "whole" else forward(x)
 
 
 def region_randn(shape: Sequence[int], gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:
     """``torch.randn(shape, generator=gen)`` (float32, CPU) for noise a model draws inside its network,
     whose last two dims are ``like``'s spatial size. In an exact tile it is the tile's part of the draw
     an untiled pass makes (the whole map's noise, then cut), so noise does not break exactness."""
-    co = _current()
+    co = runstate.current().exact
     if co is None:
         return torch.randn(tuple(shape), generator=gen, dtype=torch.float32)
     size, where = co.tile.extent(like)
     return torch.randn((*shape[:-2], *size), generator=gen, dtype=torch.float32)[where]
-
-
-def _stats_hook(norm: GroupNorm, x: torch.Tensor):
-    co = _current()
-    if co is None:                       # the main thread: a whole-tensor module, plain statistics
-        return None
-    _, core = co.tile.locate(x)
-    return co.pause("stats", norm, group_moments(x[core], norm.num_groups))
-
-
-def _pausing_forward(module: nn.Module, kind: str):
-    original = module.forward
-
-    def forward(x, *args, **kwargs):
-        co = _current()
-        if co is None:
-            return original(x, *args, **kwargs)
-        scales, core = co.tile.locate(x)
-        if kind == "boundary" and not _active(module, scales):
-            return original(x, *args, **kwargs)
-        x = co.pause(kind, module, (x[core], scales))    # the re-cut tile (for "whole": of the output)
-        return x if kind == "whole" else original(x, *args, **kwargs)
-    return forward
-
-
-class _Installed:
-    """The stats hook and pausing forwards on ``model`` for the duration of one exact run."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.wrapped = [(m, "whole" if getattr(m, "exact_whole", False) else "boundary") for m in model.modules()
-                        if getattr(m, "exact_whole", False) or getattr(m, "exact_boundary", False)]
-
-    def __enter__(self):
-        set_stats_hook(self.model, _stats_hook)
-        self.before = [m.__dict__.get("forward") for m, _ in self.wrapped]   # a forward set on the instance
-        for m, kind in self.wrapped:
-            m.forward = _pausing_forward(m, kind)
-        return self
-
-    def __exit__(self, *exc):
-        set_stats_hook(self.model, None)
-        for (m, _), before in zip(self.wrapped, self.before):
-            if before is None:
-                m.__dict__.pop("forward", None)
-            else:
-                m.forward = before
 
 
 # ---- the run ------------------------------------------------------------------------------------
@@ -320,13 +290,6 @@ def _libc_trim() -> Callable[[], object]:
 
 
 _trim = _libc_trim()
-_running: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
-
-
-def running(model: nn.Module) -> bool:
-    """Whether an exact run is going on in ``model`` (compiled callables run eagerly then: a tile
-    pauses inside the model, which a compiled graph cannot do)."""
-    return model in _running
 
 
 def _cut(tile: Tile, scales: Sequence[Fraction], seg: Segment, full: Sequence[int]) -> None:
@@ -343,77 +306,139 @@ def _slice(tile: Tile) -> tuple:
     return (..., *(slice(lo, hi) for lo, hi in zip(tile.lo, tile.hi)))
 
 
-def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Sequence[tuple[int, int]]],
-              in_unit: int, out_unit: int, out_device: torch.device, probe_size: int = 4,
+def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans], in_unit: int, out_unit: int,
+              out_device: torch.device, chunks: Optional[tuple[Spans, Spans]] = None, probe_size: int = 4,
               progress: Optional[Progress] = None) -> torch.Tensor:
-    """Apply ``fn`` (a forward of ``model``) to ``x`` tile by tile with the untiled result.
+    """Apply ``fn(x, model)`` (a forward of ``model``) to ``x`` tile by tile with the untiled result.
 
     ``cores``: per spatial axis (the last two of ``x``), spans in latent units that partition it;
     ``in_unit``/``out_unit``: pixels per latent pixel of x and of the output (decode 1 and the
-    spatial ratio, encode the reverse). The output
-    (float32 on ``out_device``) is assembled from the tiles' cores, no blending."""
-    _running.add(model)
-    try:
-        return _run(fn, model, x, cores, in_unit, out_unit, out_device, probe_size, progress)
-    finally:
-        _running.discard(model)
-
-
-def _run(fn, model, x, cores, in_unit, out_unit, out_device, probe_size, progress) -> torch.Tensor:
+    spatial ratio, encode the reverse). ``chunks``: for a model that streams, the spans along time
+    (dim 2) of the input chunks and of the output frames each gives (vae/streaming.py); each tile
+    then runs the clip chunk by chunk. The output (float32 on ``out_device``) is assembled from the
+    tiles' cores, no blending."""
     latent = tuple(n // in_unit for n in x.shape[-2:])
     small = tuple(min(n, probe_size) for n in latent)
-    events = probe(fn, model, x[(slice(0, 1), ..., *(slice(0, n * in_unit) for n in small))])
+    sample = x[(slice(0, 1), ..., *(slice(0, n * in_unit) for n in small))]
+    if chunks:
+        sample = sample[:, :, slice(*chunks[0][0])]
+    events = probe(fn, model, sample)
     segs = segments(events, small, in_unit, out_unit)
     # the model's own input checks want whole latent pixels (e.g. sides divisible by 8)
     segs[0] = dataclasses.replace(segs[0], align=tuple(math.lcm(a, in_unit) for a in segs[0].align))
     syncs = [e for e in events if e.kind != "conv" and not (
         e.kind == "boundary" and not _active(e.module, [Fraction(n, l) for n, l in zip(e.size, small)]))]
-    tiles = [Tile(tuple(c), latent) for c in itertools.product(*cores)]
-    total = len(tiles) * (len(syncs) + 1)
-    done = 0
-    out = None
-    with _Installed(model):
-        cos = []
+    run = _Run(fn, model, x, latent, segs, syncs, chunks, out_device)
+    try:
+        return run.go(cores, in_unit, progress)
+    finally:
+        run.close()
+
+
+_CHUNK = Event("chunk", None, (0, 0))       # a round in which every tile hands over a chunk's output
+
+
+class _Run:
+    """One exact run: the tiles' coroutines, the rounds they meet in, the output they fill."""
+
+    def __init__(self, fn: Fn, model: nn.Module, x: torch.Tensor, latent, segs, syncs, chunks, out_device):
+        self.fn, self.model, self.x, self.latent = fn, model, x, latent
+        self.segs, self.syncs, self.chunks, self.out_device = segs, syncs, chunks, out_device
+        self.rounds = list(syncs) + ([_CHUNK] if chunks else [])
+        # whole-tensor modules run in this thread; in a stream they keep their state here
+        self.whole_memory: Optional[dict] = {} if chunks else None
+        self.cos: list[_Coroutine] = []
+        self.out: Optional[torch.Tensor] = None
+
+    def _body(self, src: torch.Tensor) -> Callable[[_Coroutine], Callable[[], Optional[torch.Tensor]]]:
+        fn, model, chunks = self.fn, self.model, self.chunks
+
+        def make(co: _Coroutine):
+            return functools.partial(body, co)
+
+        def body(co: _Coroutine):
+            if not chunks:
+                return fn(src, model)
+            for i, (a, b) in enumerate(chunks[0]):
+                co.pause("chunk", None, (i, fn(src[:, :, a:b], model)))
+            return None
+        return make
+
+    def go(self, cores, in_unit: int, progress) -> torch.Tensor:
+        tiles = [Tile(tuple(c), self.latent) for c in itertools.product(*cores)]
+        n_chunks = len(self.chunks[0]) if self.chunks else 1
+        total = len(tiles) * (len(self.rounds) * n_chunks + 1 - bool(self.chunks))
         for tile in tiles:
-            _cut(tile, [Fraction(in_unit)] * 2, segs[0], x.shape[-2:])
-            cos.append(_Coroutine(fn, x[_slice(tile)], tile))
-        try:
-            replies: list = [None] * len(cos)
-            for step in itertools.count():
-                msgs = []
-                for i, co in enumerate(cos):
-                    reply, replies[i] = replies[i], None
-                    msgs.append(co.resume(reply() if callable(reply) else reply))
-                    del reply
-                    _trim()
-                    done += 1
-                    if progress:
-                        progress(min(done, total), total)
-                errors = [value for kind, value in msgs if kind == "error"]
-                if errors:
-                    raise errors[0]
-                if all(kind == "done" for kind, _ in msgs):
-                    for co, (_, y) in zip(cos, msgs):
-                        scales, core = co.tile.locate(y)
-                        if out is None:
-                            size = [int(n * s) for n, s in zip(latent, scales)]
-                            out = torch.empty(*y.shape[:-2], *size, device=out_device, dtype=torch.float32)
-                        dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(co.tile.core, scales))
-                        out[(..., *dst)] = y[core].to(out_device, torch.float32)
-                    return out
-                replies = _answer(step, msgs, cos, syncs, segs, latent, out_device)
-        finally:
-            for co in cos:
-                co.abort()
+            self._start(tile, in_unit)
+            self.cos.append(_Coroutine(tile, {} if self.chunks else None, self._body(self.x[_slice(tile)])))
+        done = 0
+        replies: list = [None] * len(self.cos)
+        for step in itertools.count():
+            msgs = []
+            for i, co in enumerate(self.cos):
+                reply, replies[i] = replies[i], None
+                msgs.append(co.resume(reply() if callable(reply) else reply))
+                del reply
+                _trim()
+                done += 1
+                if progress:
+                    progress(min(done, total), total)
+            errors = [value for kind, value in msgs if kind == "error"]
+            if errors:
+                raise errors[0]
+            if all(kind == "done" for kind, _ in msgs):
+                if not self.chunks:
+                    self._write([y for _, y in msgs], None)
+                return self.out
+            i = step % len(self.rounds)
+            expect = self.rounds[i]
+            _check(step, expect, msgs)
+            if expect is _CHUNK:
+                index = msgs[0][1][2][0]
+                self._write([v[2][1] for _, v in msgs], self.chunks[1][index])
+                for co in self.cos:        # the next chunk starts from the input's cut again
+                    self._start(co.tile, in_unit)
+                replies = [None] * len(self.cos)
+                continue
+            seg = None if expect.kind == "stats" else self.segs[1 + sum(e.kind != "stats" for e in self.rounds[:i])]
+            with runstate.stream(self.whole_memory) if self.chunks else contextlib.nullcontext():
+                replies = _answer(expect, seg, msgs, self.cos, self.latent, self.out_device)
+        raise AssertionError("unreachable")
+
+    def _start(self, tile: Tile, in_unit: int) -> None:
+        """The tile's extent in the model's input: its core plus the first stretch's halo."""
+        _cut(tile, [Fraction(in_unit)] * 2, self.segs[0], self.x.shape[-2:])
+
+    def _write(self, ys: Sequence[torch.Tensor], frames: Optional[tuple[int, int]]) -> None:
+        """Put each tile's core of its output (a chunk's frames ``frames``, or all) into the output."""
+        for co, y in zip(self.cos, ys):
+            scales, core = co.tile.locate(y)
+            if self.out is None:
+                size = [int(n * s) for n, s in zip(self.latent, scales)]
+                lead = y.shape[:-2] if frames is None else (*y.shape[:2], self.chunks[1][-1][1])
+                self.out = torch.empty(*lead, *size, device=self.out_device, dtype=torch.float32)
+            dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(co.tile.core, scales))
+            if frames is not None:
+                if y.shape[2] != frames[1] - frames[0]:
+                    raise RuntimeError(f"a chunk gave {y.shape[2]} frames, expected {frames[1] - frames[0]}")
+                dst = (slice(None), slice(None), slice(*frames)) + dst
+            self.out[(..., *dst)] = y[core].to(self.out_device, torch.float32)
+
+    def close(self) -> None:
+        for co in self.cos:
+            co.abort()
+        self.cos.clear()
 
 
-def _answer(step: int, msgs, cos, syncs: Sequence[Event], segs: Sequence[Segment], latent, out_device):
-    """One round: every tile paused at the same place; compute what each resumes with."""
-    expect = syncs[step] if step < len(syncs) else None
+def _check(step: int, expect: Event, msgs) -> None:
     for kind, value in msgs:
-        if kind != "sync" or expect is None or value[0] != expect.kind or value[1] is not expect.module:
+        if kind != "sync" or value[0] != expect.kind or value[1] is not expect.module:
             raise RuntimeError("exact tiling: the tiles took a different path than the probe pass "
-                               f"(round {step}: expected {expect and expect.kind}, got {kind} {value and value[0]})")
+                               f"(round {step}: expected {expect.kind}, got {kind} {value and value[0]})")
+
+
+def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device):
+    """One round: every tile paused at the same place; compute what each resumes with."""
     if expect.kind == "stats":
         s1 = sum(v[2][0] for _, v in msgs)
         s2 = sum(v[2][1] for _, v in msgs)
@@ -436,7 +461,6 @@ def _answer(step: int, msgs, cos, syncs: Sequence[Event], segs: Sequence[Segment
     del msgs, first, core
     if whole:
         full = expect.module(full)
-    seg = segs[1 + sum(e.kind != "stats" for e in syncs[:step])]
 
     def recut(co: _Coroutine) -> torch.Tensor:     # made when the tile resumes: one new slice at a time
         _cut(co.tile, scales, seg, size)

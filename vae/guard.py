@@ -24,7 +24,8 @@ Paths:
   output depends on the caches of the chunks before it. The spatial tile's stream is replayed on the
   upcast copy from its first chunk (outputs of the chunks already written are discarded, they were
   finite), and the rest of that tile's chunks run upcast; the next spatial tile starts back in the
-  handle's dtype;
+  handle's dtype. The copy's caches live in the same per-tile stream memory (keyed by its own
+  modules), so they end with the tile's stream;
 - whole runs (exact mode: tiles share GroupNorm statistics, so one bad tile spoils all): the run is
   redone on the upcast copy.
 One log line per encode/decode call (logger "VAEKit") names the upcast tiles; the same facts are kept
@@ -32,7 +33,6 @@ on the handle as ``vae.last_upcast`` (an ``Upcast``; None for a handle the guard
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
 import logging
 import math
@@ -42,7 +42,6 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from .nn.causal import set_streaming
 
 log = logging.getLogger("VAEKit")
 
@@ -132,7 +131,6 @@ def eager_copy(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]
             m._compiled_call_impl = None
         for name in [k for k, v in vars(m).items() if callable(v) and callable(getattr(type(m), k, None))]:
             delattr(m, name)            # a method replaced on the instance (e.g. a compiled decode)
-    set_streaming(out, False)             # drop any stream state copied with the modules
     return out
 
 
@@ -221,8 +219,7 @@ class Guard:
             if finite(y):
                 break
             self._redone[(0,) * 2] = dtype
-            m = self._copy(dtype)
-            y = run(functools.partial(self.fn, model=m), m)
+            y = run(self.fn, self._copy(dtype))
         else:
             self._check_last((0,) * 2, y)
         return y
@@ -235,19 +232,16 @@ class Guard:
 
     def _restream(self, rung: int, before: list[torch.Tensor]) -> nn.Module:
         """Start this tile's stream over on the copy of ``rung`` and replay the chunks already
-        written, to rebuild the causal caches (their outputs were finite and stay in place)."""
-        self._end_stream()
+        written, to rebuild the causal caches (their outputs were finite and stay in place). The
+        copy's modules have no state in this stream yet: it starts from the first chunk."""
         m = self._copy(self._ladder[rung])
-        set_streaming(m, True)
         self._stream = (rung, m)
         for t in before:
             self.fn(t, m)
         return m
 
     def _end_stream(self) -> None:
-        if self._stream:
-            set_streaming(self._stream[1], False)
-            self._stream = None
+        self._stream = None
 
     def _check_last(self, idx: tuple[int, ...], y: torch.Tensor) -> None:
         if not finite(y) and idx not in self._failed:

@@ -13,11 +13,21 @@ from .spec import ArchSpec, Capabilities
 DeviceLike = Union[str, torch.device, None]
 Tile = Union[int, tuple[int, int], None]
 
-_CHANNEL_HINTS = {4: "SD1.x/SD2.x/SDXL", 12: "Mochi", 16: "SD3/Flux.1, HunyuanVideo, EasyAnimate and Wan",
-                  32: "Flux.2 (unpacked)", 128: "Flux.2 or LTX-Video"}
-# counts an image and a video family share: the latent's rank (4-D image, 5-D video) tells them apart
-_RANK_HINTS = {(32, 4): "Flux.2 (unpacked, as taef2's)", (32, 5): "HunyuanVideo 1.5",
-               (128, 4): "Flux.2", (128, 5): "LTX-Video or LTX-2"}
+# Which models make latents of a channel count, by the latent's rank (image [B, C, h, w] or video
+# [B, C, t, h, w]): counts collide across families, the rank tells many of them apart.
+_CHANNEL_HINTS = {
+    4: {4: "SD1.x/SD2.x/SDXL"},
+    16: {4: "SD3/Flux.1", 5: "Wan 2.1/Qwen-Image, HunyuanVideo or EasyAnimate"},
+    12: {5: "Mochi"}, 48: {5: "Wan 2.2"},
+    32: {4: "Flux.2 (unpacked)", 5: "HunyuanVideo 1.5"},
+    128: {4: "Flux.2", 5: "LTX-Video"},
+}
+
+
+def channel_hint(channels: int, rank: int) -> str:
+    """The models whose latents have ``channels`` channels at this rank (else at any rank)."""
+    by_rank = _CHANNEL_HINTS.get(channels, {})
+    return by_rank.get(rank) or " or ".join(by_rank.values()) or f"a {channels}-channel model"
 
 
 def check_divisible(h: int, w: int, r: int, what: str, input: str = "pixels") -> None:
@@ -100,8 +110,10 @@ class VAE:
                              fix="load the matching *_decoder file too, or the pair by its stem name.")
         if self.is_video:
             if z.dim() != 5:
-                raise InputError(f"{self.name} is a video VAE and takes video latents [B, C, frames, h, w]; "
-                                 f"got shape {tuple(z.shape)}.", input=input,
+                seen = f" (as {channel_hint(z.shape[1], z.dim())} latents have)" if z.dim() == 4 else ""
+                raise InputError(f"{self.name} is a video VAE and takes video latents [B, C, frames, h, w] (one "
+                                 f"frame: [B, C, 1, h, w], as Qwen-Image's sampler gives them); got shape "
+                                 f"{tuple(z.shape)}{seen}.", input=input,
                                  fix="connect the LATENT of a video model (e.g. its sampler's output); "
                                      "an image latent belongs to an image VAE.")
         else:
@@ -113,7 +125,7 @@ class VAE:
         c = z.shape[1]
         accepted = {caps.latent_channels_packed, caps.latent_channels}
         if c not in accepted:
-            src = _RANK_HINTS.get((c, z.dim())) or _CHANNEL_HINTS.get(c, f"a {c}-channel model")
+            src = channel_hint(c, z.dim())
             raise InputError(
                 f"this latent has {c} channels (as {src} latents do) but the loaded VAE, {self.name}, "
                 f"takes {caps.latent_channels_packed}.", input=input,
@@ -134,6 +146,8 @@ class VAE:
             raise InputError("this VAE has no encoder (only a decoder file was loaded).", input="vae",
                              fix="load the matching *_encoder file too, or the pair by its stem name.")
         dims = 5 if self.is_video else 4
+        if x.dim() == dims and x.shape[1] == 3 and caps.image_channels == 4:
+            x = torch.cat([x, x.new_ones(x[:, :1].shape)], dim=1)    # RGB into an RGBA VAE: opaque, as ComfyUI pads
         if x.dim() != dims or x.shape[1] < caps.image_channels:
             what = "clips [B, C, frames, H, W]" if self.is_video else "images [B, C, H, W]"
             raise InputError(f"expected {what} with {caps.image_channels} channels, got shape {tuple(x.shape)}.",
@@ -197,12 +211,12 @@ class VAE:
             plans = self._plans(z.shape[2:], tile, overlap, tile_frames, overlap_frames)
             out_device = torch.device(out_device or "cpu")
             chunk = self._stream_chunk(z.shape[2], tile_frames, self.caps.stream_decode)
+            ins, outs = streaming.decode_chunks(z.shape[2], chunk, self.caps.temporal_ratio) if chunk else (0, 0)
             cores = self._exact_cores(z.shape[-2:], tile) if mode == "exact" else None
             if cores:
                 out = g.whole(lambda f, m: exact.run_exact(f, m, z, cores, 1, self.caps.spatial_ratio, out_device,
-                                                           progress=progress))
+                                                           chunks=(ins, outs) if chunk else None, progress=progress))
             elif chunk:
-                ins, outs = streaming.decode_chunks(z.shape[2], chunk, self.caps.temporal_ratio)
                 out = streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, z, ins, outs, plans[1:],
                                              (1, 1), pixel_units[1:], self.caps.image_channels,
                                              self.frames_for(z.shape[2]), out_device, progress)
@@ -213,7 +227,8 @@ class VAE:
 
     def _exact_cores(self, grid: tuple[int, ...], tile: Tile) -> Optional[list]:
         """Exact mode's tile cores per spatial axis (latent units), or None when one tile covers it.
-        Time is not tiled in exact mode: each spatial tile runs the whole clip."""
+        Time is never cut in exact mode: a model that streams runs each tile chunk by chunk through
+        its caches; any other runs the whole clip per tile."""
         tiles = tile if isinstance(tile, (tuple, list)) else (tile, tile)
         r = self.caps.spatial_ratio
         cores = [tiling.core_spans(n, max(1, t // r) if t else 0) for n, t in zip(grid, tiles)]
@@ -221,11 +236,22 @@ class VAE:
 
     def _stream_chunk(self, latent_frames: int, tile_frames: Optional[int], declared: bool) -> int:
         """Latent frames per chunk when the time axis is streamed (exact), else 0 (one pass, or
-        overlapping temporal tiles for models that cannot stream)."""
-        if not (self.is_video and declared and tile_frames):
+        overlapping temporal tiles for models that cannot stream). ``tile_frames`` (pixel frames)
+        gives the chunk; without it, the model's own ``stream_chunk`` (the reference's chunking, e.g.
+        Wan's one latent frame), or one pass."""
+        if not (self.is_video and declared):
             return 0
-        chunk = max(1, tile_frames // self.caps.temporal_ratio)
+        chunk = max(1, tile_frames // self.caps.temporal_ratio) if tile_frames else self.caps.stream_chunk
         return chunk if tiling.needs_tiling(latent_frames, chunk) else 0
+
+    def temporal_tile(self, frames: Optional[int]) -> Optional[int]:
+        """A node's temporal tile size (pixel frames) as the frames to run at a time: a model that
+        streams in its own chunks (``stream_chunk``) takes no more at once than that, since a longer
+        chunk only costs memory (Wan: one latent frame, 4 frames, as its reference decodes)."""
+        own = self.caps.stream_chunk
+        if not (frames and own and self.is_video):
+            return frames
+        return min(frames, own * self.caps.temporal_ratio)
 
     def encode(self, x: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
@@ -250,11 +276,12 @@ class VAE:
         out_device = torch.device(out_device or "cpu")
         with torch.inference_mode(), guard.Guard(self, "encode", fn) as g:
             chunk = self._stream_chunk(grid[0], tile_frames, self.caps.stream_encode)
+            ins, outs = streaming.encode_chunks(grid[0], chunk, self.caps.temporal_ratio) if chunk else (0, 0)
             cores = self._exact_cores(grid[-2:], tile) if mode == "exact" else None
             if cores:
-                z = g.whole(lambda f, m: exact.run_exact(f, m, x, cores, r, 1, out_device, progress=progress))
+                z = g.whole(lambda f, m: exact.run_exact(f, m, x, cores, r, 1, out_device,
+                                                         chunks=(ins, outs) if chunk else None, progress=progress))
             elif chunk:
-                ins, outs = streaming.encode_chunks(grid[0], chunk, self.caps.temporal_ratio)
                 z = streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, x, ins, outs, plans[1:],
                                            (r, r), (1, 1),
                                            self.caps.latent_channels, grid[0], out_device, progress)

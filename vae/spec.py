@@ -28,6 +28,9 @@ class Capabilities:
     # one pass (vae/streaming.py); a time axis that needs tiling is then streamed, exactly
     stream_encode: bool = False
     stream_decode: bool = False
+    # latent frames per stream chunk when the call asks for none, and the largest chunk (0: one pass
+    # unless the call asks for temporal tiles): the reference's own chunking, e.g. Wan's one frame
+    stream_chunk: int = 0
     can_encode: bool = True
     can_decode: bool = True
     default_tile: int = 512           # pixels

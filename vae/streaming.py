@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from . import tiling
-from .nn.causal import set_streaming
+from . import run
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -40,8 +40,9 @@ def run_streamed(fn: Fn, model: torch.nn.Module, x: torch.Tensor, in_chunks: Seq
     """Stream ``fn`` over time chunks of ``x`` [B, C, T, H, W] (``in_chunks``), writing chunk i's frames
     at ``out_chunks[i]`` of a preallocated output, for each spatial tile of ``spatial`` (blended).
 
-    Every stream is ended in ``finally``, so an interrupt (``progress`` raising) leaves no cache
-    behind, and the partial output is dropped with the exception."""
+    Each spatial tile's stream keeps its caches in a memory of its own (``vae.run.stream``), held by
+    this call only and dropped when the tile's stream ends, also on an interrupt (``progress``
+    raising); the partial output is dropped with the exception."""
     b = x.shape[0]
     out = torch.zeros(b, out_channels, out_frames, *(p.length * s for p, s in zip(spatial, out_scale)),
                       device=out_device, dtype=torch.float32)
@@ -53,8 +54,7 @@ def run_streamed(fn: Fn, model: torch.nn.Module, x: torch.Tensor, in_chunks: Seq
         src_hw = tuple(slice(a * s, b_ * s) for (a, b_), s in zip(spans, in_scale))
         dst_hw = tuple(slice(a * s, b_ * s) for (a, b_), s in zip(spans, out_scale))
         w = weights[0][idx[0]].reshape(-1, 1) * weights[1][idx[1]].reshape(1, -1)
-        set_streaming(model, True)
-        try:
+        with run.stream():
             for (a, b_), (oa, ob) in zip(in_chunks, out_chunks):
                 y = fn(x[(slice(None), slice(None), slice(a, b_)) + src_hw])
                 if y.shape[2] != ob - oa:
@@ -65,8 +65,6 @@ def run_streamed(fn: Fn, model: torch.nn.Module, x: torch.Tensor, in_chunks: Seq
                 done += 1
                 if progress:
                     progress(done, total)
-        finally:
-            set_streaming(model, False)
     return out
 
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import vae
-from helpers import diffusers_kl
-from vae import exact, tiling
+from helpers import diffusers_kl, module_attrs
+from vae import exact, run, tiling
 from vae.errors import InputError
 from vae.nn.norm import GroupNorm
 from video_families import FAMILIES
@@ -73,6 +73,22 @@ def test_video_families_exact_both_ways(loaded, family):
     _assert_exact(v.encode(x), v.encode(x, tile=3 * r, overlap=r), v.encode(x, tile=3 * r, mode="exact"))
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f in ("mochi", "magvit")])
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_exact_tiles_stream_time_for_causal_families(loaded, family, chunk):
+    """Exact mode on a model that streams: 2x2 spatial tiles, each run chunk by chunk through its own
+    causal caches (``chunk`` latent frames; the clip is not a multiple of it), equal one pass."""
+    v = loaded[family]
+    r, rt = v.caps.spatial_ratio, v.caps.temporal_ratio
+    z = torch.randn(1, v.caps.latent_channels, 4, 5, 4)
+    calls = []
+    out = v.decode(z, tile=3 * r, tile_frames=chunk * rt, mode="exact", progress=lambda d, n: calls.append(n))
+    assert calls and calls[-1] > 4 * (-(-4 // chunk))        # every tile, every chunk, every sync round
+    assert (out - v.decode(z)).abs().max() <= 1e-5
+    x = torch.rand(1, 3, v.frames_for(4), 5 * r, 4 * r)
+    assert (v.encode(x, tile=3 * r, tile_frames=chunk * rt, mode="exact") - v.encode(x)).abs().max() <= 1e-5
+
+
 def _sibling(name: str):
     """Another test module of this folder (its tiny reference configs)."""
     spec = importlib.util.spec_from_file_location(f"exact_{name}", Path(__file__).with_name(f"{name}.py"))
@@ -111,11 +127,11 @@ def test_reach_reads_kernel_dilation_and_padding():
 
 
 def test_segments_sum_reach_per_resolution_and_split_at_boundaries():
-    up = exact.boundary(nn.Upsample(scale_factor=2))
+    up = run.boundary(nn.Upsample(scale_factor=2))
     net = nn.Sequential(nn.Conv2d(1, 1, 3, padding=1), nn.Conv2d(1, 1, 5, padding=2), up,
                         nn.Conv2d(1, 1, 3, padding=1), nn.Conv2d(1, 1, 3, padding=1))
     with torch.inference_mode():
-        events = exact.probe(net, net, torch.zeros(1, 1, 4, 4))
+        events = exact.probe(lambda x, m: m(x), net, torch.zeros(1, 1, 4, 4))
     segs = exact.segments(events, (4, 4), 1, 2)
     assert [s.halo for s in segs] == [(3, 3), (1, 1)]     # 1 + 2 at latent scale; 2 px at 2x = 1 latent
     assert all(s.align == (1, 1) for s in segs)
@@ -139,7 +155,7 @@ def test_whole_tensor_statistics_not_averaged_tile_variances():
     net = nn.Sequential(norm)
     x = torch.cat([torch.randn(1, 2, 8, 4), 5 + torch.randn(1, 2, 8, 4)], dim=-1)
     with torch.inference_mode():
-        out = exact.run_exact(net, net, x, [[(0, 8)], [(0, 4), (4, 8)]], 1, 1, torch.device("cpu"))
+        out = exact.run_exact(lambda t, m: m(t), net, x, [[(0, 8)], [(0, 4), (4, 8)]], 1, 1, torch.device("cpu"))
         assert (out - net(x)).abs().max() < 1e-5
 
 
@@ -165,27 +181,26 @@ def test_unknown_mode_names_the_input(kl):
         kl.decode(torch.randn(1, 4, 8, 8), mode="precise")
 
 
-def _clean(model: nn.Module, threads_before: int) -> None:
-    assert all(m.stats_hook is None for m in model.modules() if isinstance(m, GroupNorm))
-    assert not any("forward" in m.__dict__ for m in model.modules())
+def _clean(model: nn.Module, threads_before: int, attrs: dict) -> None:
+    assert module_attrs(model) == attrs            # nothing left on the shared modules
     assert threading.active_count() == threads_before
 
 
 def test_interrupt_stops_every_tile_and_restores_the_model(kl):
     z = torch.randn(1, 4, 24, 20)
-    before = threading.active_count()
+    before, attrs = threading.active_count(), module_attrs(kl.model)
 
     def interrupt(done, total):
         if done > 7:
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         kl.decode(z, tile=32, mode="exact", progress=interrupt)
-    _clean(kl.model, before)
+    _clean(kl.model, before, attrs)
     assert (kl.decode(z, tile=32, mode="exact") - kl.decode(z)).abs().max() <= EXACT   # still usable
 
 
 def test_an_error_inside_a_tile_reaches_the_caller(kl):
-    before = threading.active_count()
+    before, attrs = threading.active_count(), module_attrs(kl.model)
     block = kl.model.decoder.up[0].block[0]
     forward = block.forward
 
@@ -199,7 +214,7 @@ def test_an_error_inside_a_tile_reaches_the_caller(kl):
             kl.decode(torch.randn(1, 4, 24, 20), tile=32, mode="exact")
     finally:
         del block.forward
-    _clean(kl.model, before)
+    _clean(kl.model, before, attrs)
 
 
 # ---- published configs (slow) -------------------------------------------------------------------

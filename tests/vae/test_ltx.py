@@ -21,7 +21,7 @@ from helpers import jitter_norms
 from vae import registry
 from vae.archs import ltx, ltx_layout
 from vae.errors import LoadError
-from vae.nn.causal import set_streaming
+from vae import run
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -323,9 +323,8 @@ def test_encoder_streams_chunk_by_chunk(version):
     x = torch.rand(1, 3, 25, 32, 32) * 2 - 1
     with torch.no_grad():
         whole = m.encode(x)
-        set_streaming(m.encoder, True)
-        parts = [m.encode(x[:, :, a:b]) for a, b in ((0, 9), (9, 17), (17, 25))]
-        set_streaming(m.encoder, False)
+        with run.stream():
+            parts = [m.encode(x[:, :, a:b]) for a, b in ((0, 9), (9, 17), (17, 25))]
     assert [p.shape[2] for p in parts] == [2, 1, 1]
     assert (torch.cat(parts, 2) - whole).abs().max() <= 1e-5
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import vae
 from helpers import assert_layouts_agree, jitter_norms
 from vae.archs import magvit
-from vae.nn.causal import set_streaming
+from vae import run
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -151,13 +151,10 @@ def test_streaming_equals_one_pass(v5):
     z = torch.randn(1, LAT, 5, 2, 3, dtype=torch.float64)
     x = torch.randn(1, 3, 17, 16, 24, dtype=torch.float64)
     with torch.no_grad():
-        for part, run, data, cuts in ((m.decoder, m.decode, z, (1, 2, 5)), (m.encoder, m.encode, x, (1, 9, 13, 17))):
-            whole = run(data)
-            assert set_streaming(part, True) > 0
-            try:
-                chunks = [run(data[:, :, a:b]) for a, b in zip((0,) + cuts[:-1], cuts)]
-            finally:
-                set_streaming(part, False)
+        for fn, data, cuts in ((m.decode, z, (1, 2, 5)), (m.encode, x, (1, 9, 13, 17))):
+            whole = fn(data)
+            with run.stream():
+                chunks = [fn(data[:, :, a:b]) for a, b in zip((0,) + cuts[:-1], cuts)]
             assert (torch.cat(chunks, 2) - whole).abs().max() <= 1e-9
 
 

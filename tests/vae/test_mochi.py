@@ -14,7 +14,7 @@ from vae import registry
 from vae.archs import mochi
 from vae.archs import mochi_layout
 from vae.errors import InputError
-from vae.nn.causal import set_streaming
+from vae import run
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -190,21 +190,15 @@ def test_streaming_decode_and_encode_are_exact(ours):
     m = ours.model
     z = torch.randn(1, 12, 4, 2, 2, generator=torch.Generator().manual_seed(7))
     whole = m.decode(z)
-    set_streaming(m, True)
-    try:
+    with run.stream():
         parts = [m.decode(z[:, :, a:b]) for a, b in ((0, 1), (1, 3), (3, 4))]
-    finally:
-        set_streaming(m, False)
     assert [p.shape[2] for p in parts] == [1, 12, 6]
     assert (torch.cat(parts, 2) - whole).abs().max().item() <= 1e-5
 
     x = torch.rand(1, 3, 19, 16, 16, generator=torch.Generator().manual_seed(8)) * 2 - 1
     whole = m.encode(x)
-    set_streaming(m, True)
-    try:
+    with run.stream():
         parts = [m.encoder(x[:, :, a:b])[:, :12] for a, b in ((0, 1), (1, 7), (7, 19))]
-    finally:
-        set_streaming(m, False)
     assert [p.shape[2] for p in parts] == [1, 1, 2]
     assert (torch.cat(parts, 2) - whole).abs().max().item() <= 1e-5
 

@@ -27,15 +27,19 @@ def _count_tiles(v, z, **kw):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_threshold_at_min_tile_size_per_axis(loaded, family):
-    """At min // ratio latents an axis is one pass (equal to the untiled decode); at +1 it is tiled."""
+    """At min // ratio latents an axis is one pass (equal to the untiled decode); at +1 it is tiled.
+    A model that streams in chunks of its own by default (Wan) runs those chunks when time is not
+    asked for (the spatial axis is still one tile)."""
     v = loaded[family]
     s, r = RATIOS[family]
     z = torch.randn(1, v.caps.latent_channels, 3, 3, 3)
     full = v.decode(z)
     assert full.shape == (1, 3, 1 + 2 * r, 3 * s, 3 * s)
-    for kw in (dict(tile=3 * s, overlap=s), dict(tile_frames=3 * r, overlap_frames=r)):
+    own = v.caps.stream_chunk
+    for kw, units in ((dict(tile=3 * s, overlap=s), -(-3 // own) if own else 1),
+                      (dict(tile_frames=3 * r, overlap_frames=r), 1)):
         out, n = _count_tiles(v, z, **kw)
-        assert n == 1 and torch.equal(out, full), kw
+        assert n == units and (out - full).abs().max() <= 1e-5, kw
     for kw in (dict(tile=2 * s, overlap=s), dict(tile_frames=2 * r, overlap_frames=r)):
         out, n = _count_tiles(v, z, **kw)
         assert n > 1 and out.shape == full.shape, kw

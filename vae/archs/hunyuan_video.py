@@ -27,6 +27,7 @@ from ..keymap import count_indices, rename
 from ..nn.attention import SpatialSelfAttention
 from ..nn.causal import CausalConv3d
 from ..nn.norm import GroupNorm
+from ..run import Seam
 from ..spec import ArchSpec, Capabilities
 from . import ldm
 
@@ -68,7 +69,7 @@ def _nearest(x: torch.Tensor, st: int, sh: int, sw: int) -> torch.Tensor:
     return x.reshape(b, c, t * st, h * sh, w * sw)
 
 
-class Downsample(nn.Module):
+class Downsample(Seam, nn.Module):
     """Causal 3x3x3 conv with stride (t, 2, 2): T -> (T - 1) // t + 1 frames."""
 
     exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
@@ -81,7 +82,7 @@ class Downsample(nn.Module):
         return self.conv(x)
 
 
-class Upsample(nn.Module):
+class Upsample(Seam, nn.Module):
     """Nearest upsampling, then a causal 3x3x3 conv. The first frame stands for one pixel frame
     and is only upsampled in space; the others by (t, h, w): T -> 1 + t(T - 1) frames."""
 

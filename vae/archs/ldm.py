@@ -17,7 +17,8 @@ from torch import nn
 from ..keymap import count_indices, linear_to_conv1x1, rename
 from ..nn.resnet import ConvFactory, MidBlock, NormFactory, ResnetBlock
 
-# (level index, channels) -> the level's resampler, or None for a level without one
+# (level index, channels) -> the level's resampler, or None for a level without one. A resampler
+# that changes the width says so in ``out_channels`` (the next level's blocks start from it).
 ResampleFactory = Callable[[int, int], Optional[nn.Module]]
 
 
@@ -35,19 +36,32 @@ class Ops:
         return MidBlock(channels, self.attention(channels), conv=self.conv, norm=self.norm)
 
 
-def _level(blocks: list[nn.Module], resample: Optional[nn.Module], resample_name: str) -> nn.Module:
-    level = nn.Module()
-    level.block = nn.ModuleList(blocks)
-    if resample is not None:
-        setattr(level, resample_name, resample)
-    return level
+class Level(nn.Module):
+    """One resolution: resnets (``block``), then the resampler (``downsample`` / ``upsample``) if any."""
+
+    def __init__(self, index: int, blocks: list[nn.Module], resample: Optional[nn.Module], resample_name: str):
+        super().__init__()
+        self.block = nn.ModuleList(blocks)
+        self._resample = resample_name
+        if resample is not None:
+            self.add_module(resample_name, resample)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for block in self.block:
+            h = block(h)
+        resample = getattr(self, self._resample, None)
+        return h if resample is None else resample(h)
+
+
+# (level index, resnets, resampler or None, resampler name) -> the level (a family may add a shortcut)
+LevelFactory = Callable[[int, list, Optional[nn.Module], str], nn.Module]
 
 
 class Encoder(nn.Module):
     """``base``: the width of ``conv_in`` (LDM's ``ch``; the first level's width unless ``ch_mult[0] != 1``)."""
 
     def __init__(self, base: int, widths: Sequence[int], num_res_blocks: int, in_channels: int,
-                 out_channels: int, ops: Ops, downsample: ResampleFactory):
+                 out_channels: int, ops: Ops, downsample: ResampleFactory, level: LevelFactory = Level):
         super().__init__()
         self.conv_in = ops.conv(in_channels, base)
         self.down = nn.ModuleList()
@@ -57,7 +71,7 @@ class Encoder(nn.Module):
             for _ in range(num_res_blocks):
                 blocks.append(ops.resnet(cin, w))
                 cin = w
-            self.down.append(_level(blocks, downsample(i, w), "downsample"))
+            self.down.append(level(i, blocks, downsample(i, w), "downsample"))
         self.mid = ops.mid(cin)
         self.norm_out = ops.norm(cin)
         self.conv_out = ops.conv(cin, out_channels)
@@ -65,19 +79,16 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(x)
         for level in self.down:
-            for block in level.block:
-                h = block(h)
-            if hasattr(level, "downsample"):
-                h = level.downsample(h)
+            h = level(h)
         h = self.mid(h)
         return self.conv_out(F.silu(self.norm_out(h), inplace=True))
 
 
 class Decoder(nn.Module):
     def __init__(self, widths: Sequence[int], num_res_blocks: int, in_channels: int, out_channels: int,
-                 ops: Ops, upsample: ResampleFactory):
+                 ops: Ops, upsample: ResampleFactory, level: LevelFactory = Level, mid_width: Optional[int] = None):
         super().__init__()
-        cin = widths[-1]
+        cin = mid_width or widths[-1]
         self.conv_in = ops.conv(in_channels, cin)
         self.mid = ops.mid(cin)
         levels = []
@@ -86,7 +97,9 @@ class Decoder(nn.Module):
             for _ in range(num_res_blocks + 1):
                 blocks.append(ops.resnet(cin, widths[i]))
                 cin = widths[i]
-            levels.insert(0, _level(blocks, upsample(i, cin), "upsample"))
+            up = upsample(i, cin)
+            levels.insert(0, level(i, blocks, up, "upsample"))
+            cin = getattr(up, "out_channels", cin)
         self.up = nn.ModuleList(levels)
         self.norm_out = ops.norm(cin)
         self.conv_out = ops.conv(cin, out_channels)
@@ -94,10 +107,7 @@ class Decoder(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         h = self.mid(self.conv_in(z))
         for level in reversed(self.up):
-            for block in level.block:
-                h = block(h)
-            if hasattr(level, "upsample"):
-                h = level.upsample(h)
+            h = level(h)
         return self.conv_out(F.silu(self.norm_out(h), inplace=True))
 
 

@@ -33,11 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LoadError
-from ..exact import boundary, region_randn
+from ..exact import region_randn
 from ..keymap import count_indices
-from ..nn.causal import CausalConv3d, Streamable, depth_to_space, space_to_depth
+from ..nn.causal import CausalConv3d, depth_to_space, space_to_depth
 from ..nn.norm import ChannelLayerNorm, ChannelRMSNorm
 from ..nn.resnet import ResnetBlock
+from ..run import Seam, Streamable, boundary
 from ..spec import ArchSpec, Capabilities
 from . import ltx_layout
 from .ltx_layout import MEAN, STD
@@ -195,14 +196,12 @@ class ResGroup(nn.Module):
         return x
 
 
-class SpaceToDepthDown(Streamable, nn.Module):
+class SpaceToDepthDown(Seam, Streamable, nn.Module):
     """0.9.5+ down-sampler: conv to cout/prod(stride) channels then space-to-depth, plus the input's
     space-to-depth averaged over groups of channels. A temporal stride first repeats the first
     frame (1 + 2k frames -> 1 + k); in a stream, only in the first chunk."""
 
     exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
-
-    _first = True
 
     def __init__(self, cin: int, cout: int, stride: tuple[int, int, int], conv):
         super().__init__()
@@ -210,19 +209,14 @@ class SpaceToDepthDown(Streamable, nn.Module):
         self.group = cin * math.prod(stride) // cout
         self.conv = conv(cin, cout // math.prod(stride))
 
-    def reset_stream(self, on: bool) -> None:
-        super().reset_stream(on)
-        self._first = True
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.stride[0] == 2 and (self._first or not self.streaming):
+        if self.first_chunk() and self.stride[0] == 2:        # the clip's (stream's) first chunk
             x = torch.cat([x[:, :, :1], x], dim=2)
-        self._first = False
         skip = space_to_depth(x, *self.stride).unflatten(1, (-1, self.group)).mean(2)
         return space_to_depth(self.conv(x), *self.stride).add_(skip)
 
 
-class DepthToSpaceUp(nn.Module):
+class DepthToSpaceUp(Seam, nn.Module):
     """Conv to prod(stride) * cout channels then depth-to-space; a temporal stride drops the first
     frame (t latents -> 2t - 1 frames). ``residual`` adds the input's depth-to-space, repeated over
     channels up to cout (0.9.1+)."""

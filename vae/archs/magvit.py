@@ -30,10 +30,11 @@ from torch import nn
 
 from ..errors import InputError, LoadError
 from ..keymap import count_indices, linear_to_conv1x1, rename
-from ..nn.attention import SpatialSelfAttention
-from ..nn.causal import CausalConv3d, Streamable, frames, is_streaming, unframes
+from ..nn.attention import FrameSelfAttention
+from ..nn.causal import CausalConv3d
 from ..nn.norm import FrameGroupNorm
 from ..nn.resnet import ResnetBlock
+from ..run import Seam, Streamable, streaming
 from ..spec import ArchSpec, Capabilities
 from . import ldm
 
@@ -70,17 +71,7 @@ def _resnet(cin: int, cout: int) -> nn.Module:
     return ResnetBlock(cin, cout, GROUPS, EPS, conv=_conv, shortcut=lambda i, o: nn.Conv3d(i, o, 1), norm=_norm)
 
 
-class FrameSelfAttention(SpatialSelfAttention):
-    """V5's mid-block attention: over the H*W tokens of each frame, statistics per frame."""
-
-    def __init__(self, channels: int):
-        super().__init__(channels, GROUPS, EPS, dims=2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return unframes(super().forward(frames(x)), x.shape[0])
-
-
-class Downsampler(nn.Module):
+class Downsampler(Seam, nn.Module):
     """Zero pad right/bottom, then a causal 3^3 conv of stride 2 in space (and time)."""
 
     exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
@@ -93,7 +84,7 @@ class Downsampler(nn.Module):
         return self.conv(F.pad(x, (0, 1, 0, 1)))
 
 
-class Upsampler(Streamable, nn.Module):
+class Upsampler(Seam, Streamable, nn.Module):
     """Nearest 2x in space, causal 3^3 conv, then (temporal levels) every frame but the clip's first
     repeated twice in time: the reference decodes the first latent frame alone and never doubles it."""
 
@@ -103,18 +94,12 @@ class Upsampler(Streamable, nn.Module):
         super().__init__()
         self.temporal = temporal
         self.conv = CausalConv3d(channels, channels, 3)
-        self._first_done = False
-
-    def reset_stream(self, on: bool) -> None:
-        super().reset_stream(on)
-        self._first_done = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv(F.interpolate(x, scale_factor=(1, 2, 2), mode="nearest"))
         if not self.temporal or h.shape[2] == 0:
             return h
-        keep = 0 if self._first_done else 1
-        self._first_done = self.streaming
+        keep = 1 if self.first_chunk() else 0       # in a stream, only the first chunk keeps one
         return torch.cat([h[:, :, :keep], h[:, :, keep:].repeat_interleave(2, dim=2)], dim=2)
 
 
@@ -125,7 +110,8 @@ class MidBlock(nn.Module):
         super().__init__()
         self.convs = nn.ModuleList(_resnet(channels, channels) for _ in range(layers))
         if attention:
-            self.attentions = nn.ModuleList(FrameSelfAttention(channels) for _ in range(layers - 1))
+            # V5: over the H*W tokens of each frame, statistics per frame
+            self.attentions = nn.ModuleList(FrameSelfAttention(channels, GROUPS, EPS) for _ in range(layers - 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.convs[0](x)
@@ -214,7 +200,7 @@ class AutoencoderKLMagvit(ldm.Autoencoder):
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         t, r = x.shape[2], self.temporal_ratio
-        if (t - 1) % r and not is_streaming(self.encoder):   # a stream's later chunks are r*k frames
+        if (t - 1) % r and not streaming():   # a stream's later chunks are r*k frames
             raise InputError(f"Magvit encodes 1 + {r}*k frames, got {t}.", input="pixels")
         return super().encode(x)
 

@@ -20,10 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
-from ..nn.causal import CausalConv3d, Streamable, depth_to_space, is_streaming
+from ..nn.causal import CausalConv3d, depth_to_space
 from ..nn.norm import FrameGroupNorm
 from ..nn.resnet import ResnetBlock
 from ..nn.temporal_attention import TemporalAttentionBlock
+from ..run import Seam, Streamable, streaming
 from ..spec import ArchSpec, Capabilities
 from . import mochi_layout as layout
 
@@ -84,7 +85,7 @@ class ResBlock(ResnetBlock):
         return x if self.attn_block is None else self.attn_block(x)
 
 
-class DownBlock(nn.Module):
+class DownBlock(Seam, nn.Module):
     """Strided causal conv (kernel = stride = (t, s, s)) then resnets; keys ``layers.{0, 1..}``."""
 
     exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
@@ -98,7 +99,7 @@ class DownBlock(nn.Module):
         return self.layers(x)
 
 
-class UpBlock(Streamable, nn.Module):
+class UpBlock(Seam, Streamable, nn.Module):
     """Resnets, a per-voxel projection to C_out * t * s * s channels, depth-to-space; the first
     ``t - 1`` frames are dropped so latent frame 0 gives one frame (genmo). In a stream only the
     first chunk holds them."""
@@ -110,17 +111,11 @@ class UpBlock(Streamable, nn.Module):
         self.t, self.s = t, s
         self.blocks = nn.Sequential(*(ResBlock(cin) for _ in range(blocks)))
         self.proj = ChannelLinear(cin, cout * t * s * s)
-        self._started = False
-
-    def reset_stream(self, on: bool) -> None:
-        super().reset_stream(on)
-        self._started = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = depth_to_space(self.proj(self.blocks(x)), self.t, self.s, self.s)
-        if self.streaming and self._started:
+        if not self.first_chunk(starts=x.shape[2] > 0):     # a later chunk of a stream: nothing to drop
             return x
-        self._started = self.streaming and x.shape[2] > 0
         return x[:, :, self.t - 1:]
 
 
@@ -184,7 +179,7 @@ class MochiVAE(nn.Module):
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         r, s = math.prod(self.config.temporal), math.prod(self.config.spatial)
         t, h, w = x.shape[2:]
-        if ((t - 1) % r and not is_streaming(self.encoder)) or h % s or w % s:
+        if ((t - 1) % r and not streaming()) or h % s or w % s:
             raise InputError(
                 f"Mochi encodes clips of 1 + {r}k frames with sides divisible by {s}; got {t} frames of {w}x{h}.",
                 input="pixels", fix=f"trim to {(t - 1) // r * r + 1} frames and crop to {w // s * s}x{h // s * s}.")

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from ..errors import LoadError
-from ..exact import boundary
 from ..keymap import rename
 from ..nn.norm import GroupNorm
+from ..run import boundary
 from ..spec import ArchSpec, Capabilities
 
 ENC, DEC = "taesd_encoder", "taesd_decoder"

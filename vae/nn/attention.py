@@ -9,10 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..run import Seam
+from .causal import frames, unframes
 from .norm import GroupNorm
 
 
-class SpatialSelfAttention(nn.Module):
+class SpatialSelfAttention(Seam, nn.Module):
     """One head as wide as the channels, over all positions, with a residual connection.
 
     q/k/v are kept as separate 1x1 convs so state dicts round-trip unchanged; fusing them into
@@ -25,11 +27,11 @@ class SpatialSelfAttention(nn.Module):
     exact_whole = True        # mixes every position: exact tiling runs it on the whole tensor (vae/exact.py)
 
     def __init__(self, channels: int, groups: int = 32, eps: float = 1e-6, dims: int = 2,
-                 frame_causal: bool = False):
+                 frame_causal: bool = False, norm: Optional[nn.Module] = None):
         super().__init__()
         conv = {2: nn.Conv2d, 3: nn.Conv3d}[dims]
         self.frame_causal = frame_causal
-        self.norm = GroupNorm(groups, channels, eps=eps)
+        self.norm = GroupNorm(groups, channels, eps=eps) if norm is None else norm
         self.q = conv(channels, channels, 1)
         self.k = conv(channels, channels, 1)
         self.v = conv(channels, channels, 1)
@@ -53,3 +55,14 @@ class SpatialSelfAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v)
         out = out.transpose(-1, -2).reshape(x.shape)
         return x + self.proj_out(out)
+
+
+class FrameSelfAttention(SpatialSelfAttention):
+    """Attention over the H*W tokens of each frame of (B, C, T, H, W), statistics per frame (Magvit
+    V5, Wan): local in time, so a clip streams through it chunk by chunk unchanged."""
+
+    def __init__(self, channels: int, groups: int = 32, eps: float = 1e-6, norm: Optional[nn.Module] = None):
+        super().__init__(channels, groups, eps, dims=2, norm=norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return unframes(super().forward(frames(x)), x.shape[0])

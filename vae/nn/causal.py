@@ -1,16 +1,19 @@
 """Convolutions along time, with the frame cache that lets a clip run chunk by chunk.
 
-Every video family pads time itself (the conv is built with no time padding), in one of two ways:
+Every video family pads time itself (the conv is built with no time padding), in one of these ways:
 - causal: ``(k_t - 1) * dilation`` copies of the first frame in front (Mochi, HunyuanVideo, Magvit,
   LTX's encoder);
-- symmetric: half of that in front (first frame) and half behind (last frame) (LTX's default,
+- causal_zeros: as many zero frames in front (Wan);
+- valid: no padding (Wan's temporal down-sampler, which passes the first frame on by itself);
+- symmetric: half of the span in front (first frame) and half behind (last frame) (LTX's default,
   non-causal decoder).
-Spatial padding is ``zeros`` (LTX, Magvit) or ``replicate`` (Mochi, HunyuanVideo).
+Spatial padding is ``zeros`` (LTX, Magvit, Wan) or ``replicate`` (Mochi, HunyuanVideo).
 
-Streaming (``set_streaming``): a causal conv keeps the tail of its padded input that later output
-frames still need (every frame from the first window it has not yet produced), so feeding a clip in
-chunks gives exactly the frames of one pass, for any stride. Modules with other temporal state
-(up-samplers that treat the first frame differently) implement the same ``reset_stream`` hook.
+Streaming (``vae.run.stream``): a causal conv keeps, in the call's stream memory, the tail of its
+padded input that later output frames still need (every frame from the first window it has not yet
+produced), so feeding a clip in chunks gives exactly the frames of one pass, for any stride. Modules
+with other temporal state (up-samplers that treat the first frame differently) keep theirs the same way
+(``Streamable.first_chunk``, ``recall`` / ``remember``); nothing is stored on the module.
 """
 from __future__ import annotations
 
@@ -20,44 +23,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..run import Streamable, current
+
 Size3 = Union[int, tuple[int, int, int]]
+TIME_PADS = ("causal", "causal_zeros", "valid", "symmetric")
 
 
 def _triple(v: Size3) -> tuple[int, int, int]:
     return (v, v, v) if isinstance(v, int) else tuple(v)
 
 
-class Streamable:
-    """Mixin: a module whose output for a chunk depends on earlier chunks.
-
-    ``reset_stream(True)`` starts a stream (the next call is the first chunk), ``reset_stream(False)``
-    ends it and frees the state; outside a stream, calls are independent whole clips."""
-
-    streaming: bool = False
-
-    def reset_stream(self, on: bool) -> None:
-        self.streaming = on
-
-
-def set_streaming(module: nn.Module, on: bool) -> int:
-    """Start (or end) a stream on every Streamable below ``module``; returns how many there are."""
-    n = 0
-    for m in module.modules():
-        if isinstance(m, Streamable):
-            m.reset_stream(on)
-            n += 1
-    return n
-
-
-def is_streaming(module: nn.Module) -> bool:
-    """Whether a stream is running below ``module`` (its later chunks are r*k frames, not 1 + r*k)."""
-    return any(m.streaming for m in module.modules() if isinstance(m, Streamable))
-
-
 class CausalConv3d(Streamable, nn.Conv3d):
     """``nn.Conv3d`` (same parameters and keys) that pads time itself.
 
-    ``time_pad``: "causal" or "symmetric"; ``spatial_pad``: "zeros", "replicate" or "reflect". The spatial
+    ``time_pad``: one of ``TIME_PADS``; ``spatial_pad``: "zeros", "replicate" or "reflect". The spatial
     padding is ``(k - 1) // 2`` per side unless ``spatial_padding`` gives it (0 for convs whose
     caller pads, e.g. Magvit's stride-2 down-samplers)."""
 
@@ -65,14 +44,13 @@ class CausalConv3d(Streamable, nn.Conv3d):
                  time_pad: str = "causal", spatial_pad: str = "zeros", spatial_padding: Optional[int] = None,
                  bias: bool = True):
         kt, kh, kw = _triple(kernel)
-        if time_pad not in ("causal", "symmetric"):
+        if time_pad not in TIME_PADS:
             raise ValueError(f"time_pad={time_pad!r}")
         super().__init__(cin, cout, (kt, kh, kw), stride=stride, dilation=dilation, bias=bias)
         self.time_pad = time_pad
         self._hw_pad = ((kh - 1) // 2 if spatial_padding is None else spatial_padding,
                         (kw - 1) // 2 if spatial_padding is None else spatial_padding)
         self.set_spatial_pad(spatial_pad)
-        self._cache: Optional[torch.Tensor] = None
 
     def set_spatial_pad(self, mode: str) -> None:
         """zeros: the conv's own (fused) padding; replicate / reflect: explicit, before the conv."""
@@ -90,39 +68,46 @@ class CausalConv3d(Streamable, nn.Conv3d):
 
     @property
     def time_span(self) -> int:
-        """Frames of padding in front of a causal clip: (k_t - 1) * dilation."""
+        """Frames one output frame looks back over beyond its own: (k_t - 1) * dilation."""
         return (self.kernel_size[0] - 1) * self.dilation[0]
 
-    def reset_stream(self, on: bool) -> None:
-        super().reset_stream(on)
-        self._cache = None
+    def _front(self, x: torch.Tensor) -> torch.Tensor:
+        """What a causal clip is padded with in front (the first frame's copies, zeros, or nothing)."""
+        p = 0 if self.time_pad == "valid" else self.time_span
+        if self.time_pad == "causal_zeros":
+            return x.new_zeros(*x.shape[:2], p, *x.shape[3:])
+        return x[:, :, :1].expand(-1, -1, p, -1, -1)
 
-    def pad_time(self, x: torch.Tensor) -> torch.Tensor:
-        p = self.time_span
-        if self.streaming:
-            if self.time_pad != "causal":
+    def pad_time(self, x: torch.Tensor, memory: Optional[dict] = None) -> torch.Tensor:
+        """``x`` padded (or, in a stream whose state is ``memory``, preceded by the frames kept from
+        the chunks before) so that the conv gives exactly the frames of one pass."""
+        if memory is not None:
+            if self.time_pad == "symmetric":
                 raise RuntimeError("a non-causal (symmetric) conv cannot run chunk by chunk")
-            head = self._cache if self._cache is not None else x[:, :, :1].expand(-1, -1, p, -1, -1)
+            head = memory.get(self)
+            head = self._front(x) if head is None else head
             x = torch.cat([head, x], dim=2) if head.shape[2] else x
             # keep every frame from the first window not produced yet
-            n_out = max(0, (x.shape[2] - p - 1) // self.stride[0] + 1)
-            self._cache = x[:, :, n_out * self.stride[0]:].clone()
+            n_out = max(0, (x.shape[2] - self.time_span - 1) // self.stride[0] + 1)
+            memory[self] = x[:, :, n_out * self.stride[0]:].clone()
             return x
-        if p == 0:
+        p = self.time_span
+        if p == 0 or self.time_pad == "valid":
             return x
-        if self.time_pad == "causal":
-            return torch.cat([x[:, :, :1].expand(-1, -1, p, -1, -1), x], dim=2)
+        if self.time_pad != "symmetric":
+            return torch.cat([self._front(x), x], dim=2)
         front, back = p // 2, p - p // 2
         return torch.cat([x[:, :, :1].expand(-1, -1, front, -1, -1), x,
                           x[:, :, -1:].expand(-1, -1, back, -1, -1)], dim=2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        memory = current().memory           # this call's stream state, or None
         if self._replicate is not None and self.spatial_pad == "replicate" and self.time_pad == "causal" \
-                and not self.streaming:
+                and memory is None:
             # first-frame copies are replicate padding in time: one pad for all three axes
             # (measured 3x faster than a concatenation followed by a spatial pad)
             return super().forward(F.pad(x, self._replicate[:4] + (self.time_span, 0), mode="replicate"))
-        x = self.pad_time(x)
+        x = self.pad_time(x, memory)
         if x.shape[2] < self.time_span + 1:      # a stream chunk too short to complete a window
             return x.new_empty(x.shape[0], self.out_channels, 0, *self._spatial_out(x.shape[-2:]))
         if self._replicate is not None:
@@ -152,6 +137,17 @@ def space_to_depth(x: torch.Tensor, st: int, sh: int, sw: int) -> torch.Tensor:
     b, c, t, h, w = x.shape
     x = x.reshape(b, c, t // st, st, h // sh, sh, w // sw, sw).permute(0, 1, 3, 5, 7, 2, 4, 6)
     return x.reshape(b, c * st * sh * sw, t // st, h // sh, w // sw)
+
+
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """(B, C, T, H*p, W*p) -> (B, C*p*p, T, H, W) with channels ordered (c, w-phase, h-phase): width
+    before height, as LTX-Video's and Wan 2.2's patches are (hence the transposes)."""
+    return x if p == 1 else space_to_depth(x.transpose(3, 4), 1, p, p).transpose(3, 4)
+
+
+def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """Inverse of ``patchify``."""
+    return x if p == 1 else depth_to_space(x.transpose(3, 4), 1, p, p).transpose(3, 4)
 
 
 def frames(x: torch.Tensor) -> torch.Tensor:

@@ -1,20 +1,18 @@
 """GroupNorm with one seam for statistics computed outside the tensor it normalises.
 
 Fast tiling normalises each tile with its own statistics. Exact tiling needs the statistics of the
-whole tensor; it gets them by setting ``stats_hook`` on the norm modules (see ``set_stats_hook``),
-which receives the module and its input and returns ``(mean, var)`` per (batch, group), or None to
-fall back to the tile's own statistics. Nothing else in the library computes GroupNorm statistics.
+whole tensor: the tile's run state (``vae.run``, owned by the call, never set on the module) has a
+``stats(norm, x)`` hook that returns ``(mean, var)`` per (batch, group), or None to fall back to the
+tile's own statistics. Nothing else in the library computes GroupNorm statistics.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-StatsHook = Callable[["GroupNorm", torch.Tensor], Optional[tuple[torch.Tensor, torch.Tensor]]]
-
+from ..run import current
 
 def group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Sum of x and of x^2 per (batch, group), and the element count per group.
@@ -51,25 +49,13 @@ def normalize_with_stats(x: torch.Tensor, norm: nn.GroupNorm, mean: torch.Tensor
 class GroupNorm(nn.GroupNorm):
     """``nn.GroupNorm`` (same parameters and state-dict keys) plus the statistics seam."""
 
-    stats_hook: Optional[StatsHook] = None
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hook = self.stats_hook
-        if hook is not None:
-            stats = hook(self, x)
+        exact = None if torch.compiler.is_compiling() else current().exact    # exact runs are eager
+        if exact is not None:
+            stats = exact.stats(self, x)
             if stats is not None:
                 return normalize_with_stats(x, self, *stats)
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
-
-
-def set_stats_hook(module: nn.Module, hook: Optional[StatsHook]) -> int:
-    """Install ``hook`` on every GroupNorm below ``module`` (None removes it); returns the count."""
-    n = 0
-    for m in module.modules():
-        if isinstance(m, GroupNorm):
-            m.stats_hook = hook
-            n += 1
-    return n
 
 
 class FrameGroupNorm(GroupNorm):
@@ -99,6 +85,21 @@ class ChannelRMSNorm(nn.Module):
         if self.weight is not None:
             y = y * self.weight.reshape(1, -1, *([1] * (x.dim() - 2)))
         return y
+
+
+class ChannelL2Norm(nn.Module):
+    """x / ||x|| over channels * sqrt(C) * gamma, per pixel/voxel (Wan's RMS_norm: ``F.normalize``, so
+    eps 1e-12 bounds the norm, not the mean square). Key ``gamma`` of shape (C, 1, ...) with one 1 per
+    spatial/time axis (``dims``), as the files store it. Half inputs are normalised in fp32."""
+
+    def __init__(self, channels: int, dims: int = 3):
+        super().__init__()
+        self.scale = channels ** 0.5
+        self.gamma = nn.Parameter(torch.ones(channels, *([1] * dims)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.normalize(x.float() if x.dtype != torch.float64 else x, dim=1).to(x.dtype)
+        return y * (self.gamma * self.scale)
 
 
 class ChannelLayerNorm(nn.LayerNorm):

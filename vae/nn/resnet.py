@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..run import Seam
 from .norm import GroupNorm
 
 ConvFactory = Callable[..., nn.Module]
@@ -21,7 +22,7 @@ def conv2d_1x1(cin: int, cout: int) -> nn.Module:
     return nn.Conv2d(cin, cout, 1)
 
 
-class ResnetBlock(nn.Module):
+class ResnetBlock(Seam, nn.Module):
     """GroupNorm -> SiLU -> conv -> GroupNorm -> SiLU -> conv, plus a 1x1 shortcut when the width
     changes. Canonical keys: ``norm1 conv1 norm2 conv2 nin_shortcut``.
 

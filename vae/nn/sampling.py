@@ -5,8 +5,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..run import Seam
 
-class Downsample2x(nn.Module):
+
+class Downsample2x(Seam, nn.Module):
     """3x3 stride-2 conv after zero padding one row/column at the bottom/right (the reference's
     asymmetric padding; symmetric padding would shift the latent grid by half a pixel)."""
 
@@ -20,7 +22,7 @@ class Downsample2x(nn.Module):
         return self.conv(F.pad(x, (0, 1, 0, 1)))
 
 
-class Upsample2x(nn.Module):
+class Upsample2x(Seam, nn.Module):
     """Nearest-neighbour 2x then a 3x3 conv."""
 
     exact_boundary = True

@@ -5,13 +5,13 @@ space, so spatial tiles are exact. Causal attention with per-frame norms keeps t
 causal; a key/value cache makes it stream chunk by chunk like the causal convs."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .causal import Streamable
+from ..run import Streamable, current
 
 # Sequences per attention call: CUDA kernels fail ("invalid configuration argument") past 2**16,
 # and chunking also bounds the q/k/v working set for large frames.
@@ -29,38 +29,35 @@ class TemporalAttention(Streamable, nn.Module):
         self.qk_norm, self.causal = qk_norm, causal
         self.qkv = nn.Linear(channels, 3 * channels, bias=qkv_bias)
         self.out = nn.Linear(channels, channels, bias=out_bias)
-        self._kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-
-    def reset_stream(self, on: bool) -> None:
-        if on and not self.causal:
-            raise RuntimeError("non-causal temporal attention cannot run chunk by chunk")
-        super().reset_stream(on)
-        self._kv = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, t, h, w = x.shape
-        if t == 1 and not self.streaming:
+        memory = current().memory          # this call's stream state, or None
+        streaming = memory is not None
+        if streaming and not self.causal:
+            raise RuntimeError("non-causal temporal attention cannot run chunk by chunk")
+        if t == 1 and not streaming:
             # one key: softmax weight 1, so the output is the value projection (as the reference does)
             v = F.linear(x.movedim(1, -1), self.qkv.weight[2 * c:],
                          None if self.qkv.bias is None else self.qkv.bias[2 * c:])
             return self.out(v).movedim(-1, 1)
         # contiguous: a strided view sends the projections to a batched matmul ~100x slower on CPU
         seq = x.permute(0, 3, 4, 2, 1).reshape(b * h * w, t, c).contiguous()
-        past = self._kv if self.streaming else None
+        past = memory.get(self) if streaming else None      # this stream's keys and values so far
         chunks, keep = [], []
         for i in range(0, seq.shape[0], CHUNK):
             q, k, v = self._project(seq[i:i + CHUNK])
-            if self.streaming:
+            if streaming:
                 keep.append((k, v))
             if past is not None:
                 k = torch.cat([past[0][i:i + CHUNK], k], dim=2)
                 v = torch.cat([past[1][i:i + CHUNK], v], dim=2)
             chunks.append(self._attend(q, k, v))
-        if self.streaming:
+        if streaming:
             k_new = torch.cat([kv[0] for kv in keep])
             v_new = torch.cat([kv[1] for kv in keep])
-            self._kv = (k_new, v_new) if past is None else (torch.cat([past[0], k_new], 2),
-                                                             torch.cat([past[1], v_new], 2))
+            memory[self] = (k_new, v_new) if past is None else (torch.cat([past[0], k_new], 2),
+                                                                torch.cat([past[1], v_new], 2))
         y = torch.cat(chunks).transpose(1, 2).reshape(b * h * w, t, c)
         return self.out(y).reshape(b, h, w, t, c).permute(0, 4, 3, 1, 2)
 
