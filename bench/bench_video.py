@@ -18,18 +18,15 @@ frames, also the first frame from which every later frame agrees within 1e-4. No
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from importlib import metadata
 from pathlib import Path
 
-from bench_decode import MIB, _maxrss_kib, _reset_peak, _vm_rss_kib
+from bench_decode import measure, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
@@ -83,24 +80,7 @@ def worker(args) -> None:
     weights = tmp / f"{args.family}.safetensors"
     z = torch.from_numpy(np.load(tmp / f"{args.family}_latent.npy"))
     decode, model = (_diffusers(args.family, weights) if args.worker == "diffusers" else _ours(args.family, weights))
-    with torch.no_grad():                      # page every weight in: that is loading, not decoding
-        for t in [*model.parameters(), *model.buffers()]:
-            t.sum()
-    gc.collect()
-    rss_load = _vm_rss_kib()
-    reset = _reset_peak()
-    times, out = [], None
-    with torch.inference_mode():
-        for _ in range(args.repeat):
-            out = None
-            t0 = time.perf_counter()
-            out = decode(z)
-            times.append(time.perf_counter() - t0)
-    peak = _maxrss_kib()
-    np.save(tmp / f"{args.family}_{args.worker}.npy", out.float().numpy())
-    (tmp / f"{args.family}_{args.worker}.json").write_text(json.dumps(dict(
-        times_s=times, best_s=min(times), rss_after_load_mib=rss_load / MIB, peak_rss_mib=peak / MIB,
-        working_set_mib=(peak - rss_load) / MIB, peak_reset=reset, shape=list(out.shape))))
+    measure(decode, z, model, args.repeat, tmp / f"{args.family}_{args.worker}")
 
 
 def _prepare(family: str, tmp: Path, frames: int, size: int) -> None:
@@ -115,13 +95,6 @@ def _prepare(family: str, tmp: Path, frames: int, size: int) -> None:
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / f"{family}.safetensors"))
     g = torch.Generator().manual_seed(SEED)
     np.save(tmp / f"{family}_latent.npy", torch.randn(1, channels, frames, size, size, generator=g).numpy())
-
-
-def _run(cmd: list[str], env: dict) -> bool:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        print(f"    FAILED ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", flush=True)
-    return proc.returncode == 0
 
 
 def main() -> None:
@@ -155,12 +128,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="vaekit-video-") as d:
             common = ["--family", family, "--tmp", d, "--frames", str(args.frames), "--size", str(args.size)]
             print(f"  {family}: building the default-config model ...", flush=True)
-            if not _run(me + ["--prepare"] + common, env):
+            if not run_child(me + ["--prepare"] + common, env):
                 continue
             res = {}
             for lib in ("diffusers", "ours"):
                 print(f"    decoding with {lib} ...", flush=True)
-                if _run(me + ["--worker", lib, "--repeat", str(args.repeat), "--threads", str(args.threads)]
+                if run_child(me + ["--worker", lib, "--repeat", str(args.repeat), "--threads", str(args.threads)]
                         + common, env):
                     res[lib] = json.loads(Path(d, f"{family}_{lib}.json").read_text())
             if len(res) == 2:

@@ -65,7 +65,10 @@ class VAEKitTiledDecode:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "samples": ("LATENT", {"tooltip": "The latent to decode (e.g. from a KSampler)."}),
+            "samples": ("LATENT", {"tooltip": "The latent to decode (e.g. from a KSampler). Flux.2: the 128-channel "
+                                              "LATENT core's nodes make (packed 2x2, normalised by the VAE's BatchNorm "
+                                              "statistics); a 32-channel one is read as that latent unpacked (taef2's "
+                                              "space, as core's TAESD path makes it), not as diffusers' raw z."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             # optional, after the older widgets: saved workflows keep their widget positions
@@ -88,7 +91,8 @@ class VAEKitTiledEncode:
     DISPLAY_NAME = "Tiled Encode (VAEKit)"
     CATEGORY = CATEGORY
     RETURN_TYPES = ("LATENT",)
-    OUTPUT_TOOLTIPS = ("The latent, in the layout the VAE's diffusion model expects.",)
+    OUTPUT_TOOLTIPS = ("The latent, in the layout the VAE's diffusion model expects (Flux.2: 128 channels, packed "
+                       "2x2 and normalised by the VAE's BatchNorm statistics, as core's VAE Encode gives it).",)
     FUNCTION = "encode"
     DESCRIPTION = "Encodes images tile by tile into one preallocated latent; memory is bounded by the tile."
 

@@ -288,4 +288,6 @@ class VAE:
             else:
                 z = tiling.run_tiled(g.tiled(plans), x, plans, pixel_units, latent_units, self.caps.latent_channels,
                                      out_device, progress=progress)
+            if hasattr(self.model, "finish_encode"):     # whole-latent steps after tiling (Flux.2's BatchNorm)
+                z = self.model.finish_encode(z)
             return latents.pack(z, self.caps.latent_pack)

@@ -2,6 +2,7 @@
 links), its UI and API files are the same graph, and the API graphs run headless."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -23,6 +24,7 @@ VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "hunyuan_video":
                 "wan": (16, 10, 4, 4)}
 # image graphs whose VAE is a video family's (Qwen-Image runs on a Wan 2.1-architecture VAE)
 IMAGE_WITH_VIDEO_VAE = {"qwen_image_vae.safetensors": "wan"}
+FLUX2 = "flux2-vae.safetensors"        # a random-weight Flux.2 VAE at the published ratio (8, 16 packed), narrow
 
 
 @pytest.fixture
@@ -47,7 +49,14 @@ def video_dirs(comfy_dirs):
         if name in VIDEO:
             write_latent_file(comfy_dirs / "input" / f"{family}_sample.latent",
                               torch.randn(1, *VIDEO_LATENT[family], generator=g))
+    save_file(_flux2_weights(), str(comfy_dirs / "models" / "vae" / FLUX2))
     return comfy_dirs
+
+
+@functools.lru_cache(maxsize=1)
+def _flux2_weights() -> dict:
+    import diffusers_flux2
+    return {k: v.contiguous() for k, v in diffusers_flux2.model(widths=(32,) * 4, latent=32).state_dict().items()}
 
 
 def test_every_api_workflow_has_a_ui_twin():
@@ -167,6 +176,28 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
     for i in (0, len(pngs) // 2, len(pngs) - 1):
         frame = want[0, :, i].movedim(0, -1)      # [H, W, 3]
         assert (read_image(pngs[i]) - frame).abs().max() <= 1 / 255 + 1e-6      # PNG is 8-bit
+
+
+def test_flux2_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
+    """Load Image -> core VAE Encode (a Flux.2 reference latent: 128 channels, packed, normalised) ->
+    Tiled Decode (exact, 256 px) -> Save Image: the library's untiled round trip, to PNG rounding."""
+    from vaekit import vae as lib
+    from vaekit.nodes.headless import run_prompt
+    from vaekit.vae.imageio import read_image
+    api = json.loads((WORKFLOWS / "image_flux2_roundtrip_api.json").read_text())
+    assert api["1"]["inputs"]["vae_name"] == FLUX2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
+        v = lib.load(video_dirs / "models" / "vae" / FLUX2)
+        x = read_image(video_dirs / "input" / "vaekit_sample.png").movedim(-1, 0)[None]
+        z = v.encode(x)
+        want = v.decode(z)[0].movedim(0, -1)
+    finally:
+        torch.set_num_threads(threads)
+    assert v.spec.id == "flux2" and z.shape == (1, 128, x.shape[2] // 16, x.shape[3] // 16)
+    assert (read_image(ui["5"]["images"][0]) - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
 
 
 def test_qwen_image_roundtrip_runs_headless(pack, video_dirs):
