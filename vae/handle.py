@@ -223,6 +223,7 @@ class VAE:
             else:
                 out = tiling.run_tiled(g.tiled(plans), z, plans, latent_units, pixel_units, self.caps.image_channels,
                                        out_device, progress=progress)
+            guard.require_finite(self, out, "decode", z, opts, "samples")
             return out.clamp_(0.0, 1.0)
 
     def _exact_cores(self, grid: tuple[int, ...], tile: Tile) -> Optional[list]:
@@ -290,4 +291,5 @@ class VAE:
                                      out_device, progress=progress)
             if hasattr(self.model, "finish_encode"):     # whole-latent steps after tiling (Flux.2's BatchNorm)
                 z = self.model.finish_encode(z)
+            guard.require_finite(self, z, "encode", x, {}, "pixels")
             return latents.pack(z, self.caps.latent_pack)
