@@ -51,10 +51,11 @@ class VAEKitFramewiseDecode:
                decode_timestep=0.05, decode_noise_scale=0.025, seed=0):
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
-        _prepare(engine)
+        r = _temporal_ratio(engine)
+        _prepare(engine, "decode", z.shape, tile=tile_size or None,
+                 tile_frames=frames_per_chunk * r if r and z.dim() == 5 else None)
         opts = dict(tile=tile_size or None, overlap=tile_overlap, out_device=_comfy.intermediate_device(),
                     timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed)
-        r = _temporal_ratio(engine)
         if r is None:                                  # image VAE: the batch is the frame axis
             return (_decode_batches(engine, z, frames_per_chunk, opts),)
         if z.dim() != 5:

@@ -97,7 +97,7 @@ class VAEKitVAE:
         return images_to_clips(x, self.handle.caps.temporal_ratio, one_clip=not not_video)
 
     def decode(self, samples: torch.Tensor, vae_options: Optional[dict] = None) -> torch.Tensor:
-        _comfy.prepare(self.handle)
+        _comfy.prepare(self.handle, "decode", samples.shape)
         return self._out(self.handle.decode(samples, progress=_comfy.progress_callback(),
                                             out_device=_comfy.intermediate_device(), **(vae_options or {})))
 
@@ -105,23 +105,24 @@ class VAEKitVAE:
         r = self.spacial_compression_decode()
         rt = self.handle.caps.temporal_ratio or 1
         tile = (int(tile_y or 64) * r, int(tile_x or 64) * r)
-        _comfy.prepare(self.handle)
+        frames = self.handle.temporal_tile(int(tile_t) * rt if tile_t else None)
+        _comfy.prepare(self.handle, "decode", samples.shape, tile=tile, tile_frames=frames)
         return self._out(self.handle.decode(samples, tile=tile, overlap=int(overlap or 16) * r,
-                                            tile_frames=self.handle.temporal_tile(int(tile_t) * rt if tile_t else None),
+                                            tile_frames=frames,
                                             overlap_frames=int(overlap_t or 1) * rt,
                                             progress=_comfy.progress_callback(),
                                             out_device=_comfy.intermediate_device()))
 
     def encode(self, pixels: torch.Tensor, not_video: Optional[bool] = None) -> torch.Tensor:
-        _comfy.prepare(self.handle)
-        return self.handle.encode(self._clip(pixels, not_video), progress=_comfy.progress_callback(),
-                                  out_device=_comfy.intermediate_device())
+        x = self._clip(pixels, not_video)
+        _comfy.prepare(self.handle, "encode", x.shape)
+        return self.handle.encode(x, progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
 
     def encode_tiled(self, pixels, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None,
                      not_video: Optional[bool] = None):
-        _comfy.prepare(self.handle)
-        return self.handle.encode(self._clip(pixels, not_video), tile=(int(tile_y or 512), int(tile_x or 512)),
-                                  overlap=int(overlap or 64), tile_frames=self.handle.temporal_tile(tile_t),
+        x, tile, frames = self._clip(pixels, not_video), (int(tile_y or 512), int(tile_x or 512)), self.handle.temporal_tile(tile_t)
+        _comfy.prepare(self.handle, "encode", x.shape, tile=tile, tile_frames=frames)
+        return self.handle.encode(x, tile=tile, overlap=int(overlap or 64), tile_frames=frames,
                                   overlap_frames=overlap_t,
                                   progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
 

@@ -79,8 +79,9 @@ class VAEKitTiledDecode:
                decode_timestep=0.05, decode_noise_scale=0.025, seed=0, mode="fast"):
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
-        _prepare(engine)
-        images = engine.decode(z, tile=tile_size, overlap=overlap, tile_frames=_temporal_tile(engine, temporal_size),
+        frames = _temporal_tile(engine, temporal_size)
+        _prepare(engine, "decode", z.shape, tile=tile_size, overlap=overlap, tile_frames=frames)
+        images = engine.decode(z, tile=tile_size, overlap=overlap, tile_frames=frames,
                                overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
                                out_device=_comfy.intermediate_device(),
                                timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed, mode=mode)
@@ -115,11 +116,12 @@ class VAEKitTiledEncode:
         if not torch.is_tensor(pixels) or pixels.dim() != 4:
             raise InputError(f"expected an IMAGE [N, H, W, C], got {type(pixels).__name__}"
                              f"{tuple(pixels.shape) if torch.is_tensor(pixels) else ''}.", input="pixels")
-        _prepare(engine)
         x = image_to_bchw(pixels)
         if getattr(engine, "is_video", False):      # the IMAGE batch is one clip, as core's VAE Encode
             x = images_to_clips(x, _temporal_ratio(engine))
-        z = engine.encode(x, tile=tile_size, overlap=overlap, tile_frames=_temporal_tile(engine, temporal_size),
+        frames = _temporal_tile(engine, temporal_size)
+        _prepare(engine, "encode", x.shape, tile=tile_size, overlap=overlap, tile_frames=frames)
+        z = engine.encode(x, tile=tile_size, overlap=overlap, tile_frames=frames,
                           overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
                           out_device=_comfy.intermediate_device(), mode=mode)
         return (latent_out(None, z),)
@@ -146,6 +148,8 @@ def _temporal_tile(engine, frames: int) -> int:
     return engine.temporal_tile(frames) if hasattr(engine, "temporal_tile") else frames
 
 
-def _prepare(engine) -> None:
+def _prepare(engine, op: str = None, shape=None, **plan) -> None:
+    """Our VAE onto its device through ComfyUI's memory manager, with what the call needs besides
+    (a core VAE we tile through its own calls loads itself)."""
     if hasattr(engine, "model"):
-        _comfy.prepare(engine)
+        _comfy.prepare(engine, op, shape, **plan)
