@@ -37,7 +37,9 @@ class Run:
 
 _IDLE = Run()
 _RUN: ContextVar[Run] = ContextVar("vaekit_run", default=_IDLE)
-# how many runs with state are under way in the process; a module global, so dynamo guards on it
+# whether any run with state is under way in the process: a module global bool, so that dynamo guards on
+# it (two graph variants at most); _ACTIVE counts them
+_STATEFUL = False
 _ACTIVE = 0
 _ACTIVE_LOCK = threading.Lock()
 
@@ -48,7 +50,7 @@ def _state() -> Run:
 
 
 def current() -> Run:
-    if torch.compiler.is_compiling() and not _ACTIVE:
+    if torch.compiler.is_compiling() and not _STATEFUL:
         return _IDLE
     return _state()
 
@@ -56,12 +58,13 @@ def current() -> Run:
 @contextlib.contextmanager
 def using(run: Run) -> Iterator[Run]:
     """Install ``run`` for this thread's context until the block ends."""
-    global _ACTIVE
+    global _ACTIVE, _STATEFUL
     token = _RUN.set(run)
-    stateful = run is not _IDLE and (run.memory is not None or run.exact is not None)
+    stateful = run.memory is not None or run.exact is not None
     if stateful:
         with _ACTIVE_LOCK:
             _ACTIVE += 1
+            _STATEFUL = True
     try:
         yield run
     finally:
@@ -69,17 +72,13 @@ def using(run: Run) -> Iterator[Run]:
         if stateful:
             with _ACTIVE_LOCK:
                 _ACTIVE -= 1
+                _STATEFUL = _ACTIVE > 0
 
 
 def stream(memory: Optional[dict] = None):
     """Run the calls in the block as consecutive chunks of one clip; ``memory`` (a new dict if None)
     holds the stream's state. Leaving the block ends the stream (its state is dropped with the dict)."""
     return using(replace(current(), memory={} if memory is None else memory))
-
-
-def whole():
-    """Run the block as whole clips (no stream), e.g. a probe pass inside a streamed call."""
-    return using(replace(current(), memory=None))
 
 
 def streaming() -> bool:
