@@ -14,7 +14,9 @@ DeviceLike = Union[str, torch.device, None]
 Tile = Union[int, tuple[int, int], None]
 
 _CHANNEL_HINTS = {4: "SD1.x/SD2.x/SDXL", 12: "Mochi", 16: "SD3/Flux.1, HunyuanVideo, EasyAnimate and Wan",
-                  32: "Flux.2 (unpacked)", 128: "Flux.2 or LTX-Video"}
+                  32: "Flux.2 (unpacked)", 128: "Flux.2 (packed) or LTX-Video/LTX-2"}
+# channel counts several families share, told apart by the latent's rank (5-D video, 4-D image)
+_RANK_HINTS = {(128, 5): "LTX-Video/LTX-2", (128, 4): "Flux.2 (packed)"}
 
 
 def check_divisible(h: int, w: int, r: int, what: str, input: str = "pixels") -> None:
@@ -92,6 +94,7 @@ class VAE:
     def check_latent(self, z: torch.Tensor, input: str = "samples") -> torch.Tensor:
         """Validate a LATENT tensor and return it on the model's own latent grid (unpacked)."""
         caps = self.caps
+        rank = z.dim()
         if not caps.can_decode:
             raise InputError("this VAE has no decoder (only an encoder file was loaded).", input="vae",
                              fix="load the matching *_decoder file too, or the pair by its stem name.")
@@ -110,7 +113,7 @@ class VAE:
         c = z.shape[1]
         accepted = {caps.latent_channels_packed, caps.latent_channels}
         if c not in accepted:
-            src = _CHANNEL_HINTS.get(c, f"a {c}-channel model")
+            src = _RANK_HINTS.get((c, rank)) or _CHANNEL_HINTS.get(c, f"a {c}-channel model")
             raise InputError(
                 f"this latent has {c} channels (as {src} latents do) but the loaded VAE, {self.name}, "
                 f"takes {caps.latent_channels_packed}.", input=input,
