@@ -1,13 +1,15 @@
-"""Video decode benchmark: VAEKit's video VAEs against diffusers' at the DEFAULT (published) configs,
-on the CPU, in one run.
+"""Video decode benchmark: VAEKit's video VAEs against diffusers' at the published configs, on the
+CPU, in one run.
 
-    python bench/bench_video.py                       # all four families, latent 1 x C x 3 x 8 x 8
+    python bench/bench_video.py                       # every family, latent 1 x C x 3 x 8 x 8
+    python bench/bench_video.py --families ltx2,ltx2.3  # LTX-2 and LTX-2.3
     python bench/bench_video.py --families ltx,magvit # a subset
     python bench/bench_video.py --families mochi --frames 11 --size 4   # past Mochi's 55 divergent frames
     python bench/bench_video.py --frames 5 --json out.json
 
-For each family a diffusers model at its default config is built with random weights under a fixed
-seed and saved to a temporary .safetensors file; both libraries load those same weights. Every
+For each family a diffusers model at its published config (diffusers' default, except for LTX-2 and
+LTX-2.3, whose published flags its conversion script sets) is built with random weights under a
+fixed seed and saved to a temporary .safetensors file; both libraries load those same weights. Every
 (family, library) runs in its own subprocess, so peak RSS is per run (the peak mark is reset after
 loading, as in bench_decode.py: ``working set`` = peak RSS during the decodes - RSS after load).
 Both outputs are mapped to 0..1 and compared (LTX with zero padding on both sides: ours pads the
@@ -31,10 +33,20 @@ from bench_decode import measure, run_child
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
 
-# family -> (diffusers class, constructor kwargs, latent channels, extra diffusers setup)
+# LTX-2's published flags (diffusers scripts/convert_ltx2_to_diffusers.py); its defaults say causal decoder
+LTX2_FLAGS = dict(decoder_causal=False, spatial_compression_ratio=32, temporal_compression_ratio=8)
+LTX23 = dict(block_out_channels=(256, 512, 1024, 1024), layers_per_block=(4, 6, 4, 2, 2),
+             decoder_block_out_channels=(256, 512, 512, 1024), decoder_layers_per_block=(4, 6, 4, 2, 2),
+             decoder_spatio_temporal_scaling=(True,) * 4, decoder_inject_noise=(False,) * 5,
+             upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"),
+             upsample_residual=(False,) * 4, upsample_factor=(2, 2, 1, 2), decoder_spatial_padding_mode="zeros")
+
+# family -> (diffusers class, constructor kwargs, latent channels)
 FAMILIES = {
     "mochi": ("AutoencoderKLMochi", {}, 12),
     "ltx": ("AutoencoderKLLTXVideo", {}, 128),                # 0.9.0 = the default config
+    "ltx2": ("AutoencoderKLLTX2Video", LTX2_FLAGS, 128),      # 2.0: the default shapes, published flags
+    "ltx2.3": ("AutoencoderKLLTX2Video", {**LTX23, **LTX2_FLAGS}, 128),
     "hunyuan_video": ("AutoencoderKLHunyuanVideo", {}, 16),
     "magvit": ("AutoencoderKLMagvit", {}, 16),
 }
@@ -120,7 +132,7 @@ def main() -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     me = [sys.executable, str(Path(__file__).resolve())]
     print(f"video decode benchmark: latent 1 x C x {args.frames} x {args.size} x {args.size}, fp32, "
-          f"{args.threads} threads, {args.repeat} timed call(s), default (published) configs, random weights")
+          f"{args.threads} threads, {args.repeat} timed call(s), published configs, random weights")
     print(f"torch {metadata.version('torch')}, diffusers {metadata.version('diffusers')}, "
           f"python {platform.python_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     rows = {}

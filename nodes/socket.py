@@ -5,6 +5,7 @@ versions, Set Latent Noise Mask helpers...), so core nodes accept our VAE. ``as_
 whatever arrives on a socket (ours, or a core ``comfy.sd.VAE``) into something our nodes can tile."""
 from __future__ import annotations
 
+import json
 import weakref
 from typing import Optional
 
@@ -183,6 +184,29 @@ class CoreVAEEngine:
 _converted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def _core_metadata(core) -> dict:
+    """What core built an LTX VAE with that its weights do not say (core reads it from the
+    checkpoint's metadata, which ``get_sd()`` does not carry): the decoder's block list (residual
+    up-samplers), each side's padding, a causal decoder, as the metadata our loader reads. {} for
+    other architectures."""
+    model = getattr(core, "first_stage_model", None)
+    if "lightricks" not in type(model).__module__:
+        return {}
+    decoder, encoder = getattr(model, "decoder", None), getattr(model, "encoder", None)
+    cfg = {"causal_decoder": bool(getattr(decoder, "causal", False))}
+    blocks = getattr(decoder, "blocks_desc", None)          # ComfyUI since LTX-2; older ones: published rule
+    if isinstance(blocks, (list, tuple)):
+        cfg["decoder_blocks"] = blocks
+    for side, module in (("decoder", decoder), ("encoder", encoder)):
+        mode = getattr(getattr(getattr(module, "conv_in", None), "conv", None), "padding_mode", None)
+        if isinstance(mode, str):
+            cfg[f"{side}_spatial_padding_mode"] = mode
+    try:
+        return {"config": json.dumps({"vae": cfg})}
+    except (TypeError, ValueError):
+        return {}
+
+
 def as_engine(vae, node: str):
     """Our handle for a VAE socket value. A core VAE is converted once per VAE object (into our
     layout, placed like a VAE from our loader) or, if we do not implement its architecture, tiled
@@ -195,7 +219,7 @@ def as_engine(vae, node: str):
         cached = _converted.get(vae)
         if cached is None:
             try:
-                cached = from_state_dict(vae.get_sd(), source="core VAE")
+                cached = from_state_dict(vae.get_sd(), source="core VAE", metadata=_core_metadata(vae))
             except VAEKitError as e:   # an architecture (or variant) we do not implement
                 _comfy.log.info("VAEKit: tiling %s through its own calls (%s)", type(vae).__name__, e)
                 cached = CoreVAEEngine(vae)

@@ -23,7 +23,7 @@ _CHANNEL_HINTS = {
     16: {4: "SD3/Flux.1", 5: "Wan 2.1/Qwen-Image, HunyuanVideo or EasyAnimate"},
     12: {5: "Mochi"}, 48: {5: "Wan 2.2"},
     32: {4: "Flux.2 (unpacked)", 5: "HunyuanVideo 1.5"},
-    128: {4: "Flux.2", 5: "LTX-Video"},
+    128: {4: "Flux.2 (packed)", 5: "LTX-Video/LTX-2"},
 }
 
 
@@ -108,6 +108,7 @@ class VAE:
     def check_latent(self, z: torch.Tensor, input: str = "samples") -> torch.Tensor:
         """Validate a LATENT tensor and return it on the model's own latent grid (unpacked)."""
         caps = self.caps
+        rank = z.dim()
         if not caps.can_decode:
             raise InputError("this VAE has no decoder (only an encoder file was loaded).", input="vae",
                              fix="load the matching *_decoder file too, or the pair by its stem name.")
@@ -128,7 +129,7 @@ class VAE:
         c = z.shape[1]
         accepted = {caps.latent_channels_packed, caps.latent_channels}
         if c not in accepted:
-            src = channel_hint(c, z.dim())
+            src = channel_hint(c, rank)      # the rank as given (a 5-D latent is a video model's)
             raise InputError(
                 f"this latent has {c} channels (as {src} latents do) but the loaded VAE, {self.name}, "
                 f"takes {caps.latent_channels_packed}.", input=input,

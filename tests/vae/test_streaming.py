@@ -10,7 +10,7 @@ from helpers import module_attrs
 from video_families import FAMILIES, RATIOS
 
 EXACT_DECODE = ("mochi", "magvit", "wan")
-EXACT_ENCODE = ("mochi", "magvit", "ltx", "wan")
+EXACT_ENCODE = ("mochi", "magvit", "ltx", "ltx2", "wan")
 
 
 def test_declared_streaming_matches_the_issue_table(loaded):
