@@ -28,15 +28,13 @@ Runs:
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench_decode import MIB, _maxrss_kib, _reset_peak, _vm_rss_kib
+from bench_decode import measure
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours_one_pass", "ours_framewise", "ours_fast", "ours_exact", "diffusers", "diffusers_tiled", "core",
@@ -90,20 +88,7 @@ def worker(args) -> None:
     tmp = Path(args.tmp)
     z = torch.from_numpy(np.load(tmp / f"latent_{args.t}.npy"))
     model, decode = _decoder(args, tmp)
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            t.sum()
-    gc.collect()
-    rss = _vm_rss_kib()
-    reset = _reset_peak()
-    with torch.inference_mode():
-        t0 = time.perf_counter()
-        out = decode(z).float()
-        dt = time.perf_counter() - t0
-    peak = _maxrss_kib()
-    np.save(tmp / f"{args.worker}_{args.t}.npy", out.contiguous().numpy())
-    (tmp / f"{args.worker}_{args.t}.json").write_text(json.dumps(dict(
-        s=dt, working_mib=(peak - rss) / MIB, output_mib=out.numel() * 4 / 2 ** 20, reset=reset)))
+    measure(decode, z, model, 1, tmp / f"{args.worker}_{args.t}")
 
 
 def write_weights(tmp: Path) -> None:
@@ -175,11 +160,12 @@ def main() -> None:
                     print(f"{name:<16} {1 + 4 * (t - 1):>6}  FAILED: {r['error']}")
                     continue
                 out = np.load(tmp / f"{name}_{t}.npy")
+                output_mib = out.size * 4 / 2 ** 20
                 if name == "ours_one_pass" or ref is None and not a.flat:
                     ref = out if name == "ours_one_pass" else ref
                 err = float(np.abs(out - ref).max()) if ref is not None and out.shape == ref.shape else float("nan")
-                print(f"{name:<16} {1 + 4 * (t - 1):>6} {r['s']:>8.1f} {r['working_mib']:>12.0f} "
-                      f"{r['working_mib'] - r['output_mib']:>11.0f} {err:>9.2e}", flush=True)
+                print(f"{name:<16} {1 + 4 * (t - 1):>6} {r['best_s']:>8.1f} {r['working_set_mib']:>12.0f} "
+                      f"{r['working_set_mib'] - output_mib:>11.0f} {err:>9.2e}", flush=True)
 
 
 if __name__ == "__main__":
