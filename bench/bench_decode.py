@@ -119,18 +119,19 @@ def measure(fn, x, model, repeat: int, out_stem: Path) -> None:
     gc.collect()
     rss_load = _vm_rss_kib()
     reset = _reset_peak()
-    times, out = [], None
+    times, cpu, out = [], [], None
     with torch.inference_mode():
         for _ in range(repeat):
             out = None
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_s()
             out = fn(x)
             times.append(time.perf_counter() - t0)
+            cpu.append(_cpu_s() - c0)
     peak = _maxrss_kib()
     np.save(f"{out_stem}.npy", out.float().numpy())
     Path(f"{out_stem}.json").write_text(json.dumps(dict(
-        times_s=times, best_s=min(times), rss_after_load_mib=rss_load / MIB, peak_rss_mib=peak / MIB,
-        working_set_mib=(peak - rss_load) / MIB, peak_reset=reset, shape=list(out.shape))))
+        times_s=times, best_s=min(times), cpu_s=cpu[times.index(min(times))], rss_after_load_mib=rss_load / MIB,
+        peak_rss_mib=peak / MIB, working_set_mib=(peak - rss_load) / MIB, peak_reset=reset, shape=list(out.shape))))
 
 
 def _load_diffusers(weights: Path, tile):

@@ -12,7 +12,9 @@ core load that file, diffusers its own state dict of the same tensors. Latent ra
 One subprocess per run (core's under ComfyUI's python), CPU, fp32; the peak-RSS mark is reset after
 loading (bench_decode.py), so ``working set`` = peak RSS during the decode - RSS after load, and
 ``w/o output`` subtracts the float32 output every method returns. ``max err`` is the max abs
-difference on 0..1 pixels against ours one pass (the model's forward over the whole clip).
+difference on 0..1 pixels against ours one pass (the model's forward over the whole clip). ``cpu s``:
+the process's CPU time of the call (user + system, both threads), less sensitive than wall time to
+other processes on a shared machine.
 
 Runs:
   ours_one_pass    VAE.model.decode(z): the whole clip in one pass (no chunks)
@@ -151,7 +153,7 @@ def main() -> None:
                                                                  dtype=np.float32))
         print(f"Wan 2.1 (published config, random weights), latent 1x16x{{{','.join(map(str, frames))}}}x"
               f"{a.height // 8}x{a.width // 8} -> {a.height}x{a.width}, {a.threads} threads, fp32, our tile {a.tile} px")
-        print(f"{'run':<16} {'frames':>6} {'time s':>8} {'working MiB':>12} {'w/o output':>11} {'max err':>9}")
+        print(f"{'run':<16} {'frames':>6} {'time s':>8} {'cpu s':>8} {'working MiB':>12} {'w/o output':>11} {'max err':>9}")
         for t in frames:
             ref = None
             for name in runs:
@@ -164,7 +166,7 @@ def main() -> None:
                 if name == "ours_one_pass" or ref is None and not a.flat:
                     ref = out if name == "ours_one_pass" else ref
                 err = float(np.abs(out - ref).max()) if ref is not None and out.shape == ref.shape else float("nan")
-                print(f"{name:<16} {1 + 4 * (t - 1):>6} {r['best_s']:>8.1f} {r['working_set_mib']:>12.0f} "
+                print(f"{name:<16} {1 + 4 * (t - 1):>6} {r['best_s']:>8.1f} {r['cpu_s']:>8.1f} {r['working_set_mib']:>12.0f} "
                       f"{r['working_set_mib'] - output_mib:>11.0f} {err:>9.2e}", flush=True)
 
 
