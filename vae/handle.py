@@ -13,8 +13,16 @@ from .spec import ArchSpec, Capabilities
 DeviceLike = Union[str, torch.device, None]
 Tile = Union[int, tuple[int, int], None]
 
+# which models make latents of this many channels; a dict tells them apart by the tensor's rank
+# (4: image latent [B, C, h, w], 5: video latent [B, C, t, h, w])
 _CHANNEL_HINTS = {4: "SD1.x/SD2.x/SDXL", 12: "Mochi", 16: "SD3/Flux.1, HunyuanVideo, EasyAnimate and Wan",
-                  32: "Flux.2 (unpacked)", 128: "Flux.2 or LTX-Video"}
+                  32: {4: "Flux.2 (unpacked)", 5: "HunyuanVideo 1.5"},
+                  64: "HunyuanImage 2.1 (its refiner: two frames packed)", 128: "Flux.2 or LTX-Video"}
+
+
+def _channel_hint(c: int, rank: int) -> str:
+    hint = _CHANNEL_HINTS.get(c, f"a {c}-channel model")
+    return hint.get(rank, " or ".join(hint.values())) if isinstance(hint, dict) else hint
 
 
 def check_divisible(h: int, w: int, r: int, what: str, input: str = "pixels") -> None:
@@ -91,7 +99,7 @@ class VAE:
     # ---- checks --------------------------------------------------------------------------------
     def check_latent(self, z: torch.Tensor, input: str = "samples") -> torch.Tensor:
         """Validate a LATENT tensor and return it on the model's own latent grid (unpacked)."""
-        caps = self.caps
+        caps, rank = self.caps, z.dim()
         if not caps.can_decode:
             raise InputError("this VAE has no decoder (only an encoder file was loaded).", input="vae",
                              fix="load the matching *_decoder file too, or the pair by its stem name.")
@@ -110,7 +118,7 @@ class VAE:
         c = z.shape[1]
         accepted = {caps.latent_channels_packed, caps.latent_channels}
         if c not in accepted:
-            src = _CHANNEL_HINTS.get(c, f"a {c}-channel model")
+            src = _channel_hint(c, rank)
             raise InputError(
                 f"this latent has {c} channels (as {src} latents do) but the loaded VAE, {self.name}, "
                 f"takes {caps.latent_channels_packed}.", input=input,
