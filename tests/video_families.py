@@ -7,9 +7,9 @@ import torch
 
 from helpers import jitter_norms
 
-FAMILIES = ("mochi", "ltx", "hunyuan_video", "magvit")
+FAMILIES = ("mochi", "ltx", "hunyuan_video", "magvit", "hunyuan_video15")
 # spatial ratio, temporal ratio of each family
-RATIOS = {"mochi": (8, 6), "ltx": (32, 8), "hunyuan_video": (8, 4), "magvit": (8, 4)}
+RATIOS = {"mochi": (8, 6), "ltx": (32, 8), "hunyuan_video": (8, 4), "magvit": (8, 4), "hunyuan_video15": (16, 4)}
 
 
 def tiny_reference(family: str) -> torch.nn.Module:
@@ -26,6 +26,8 @@ def tiny_reference(family: str) -> torch.nn.Module:
     elif family == "hunyuan_video":
         m = diffusers.AutoencoderKLHunyuanVideo(block_out_channels=(32, 32, 32, 32), layers_per_block=1)
         m.use_framewise_decoding = m.use_framewise_encoding = False
+    elif family == "hunyuan_video15":
+        m = diffusers.AutoencoderKLHunyuanVideo15(block_out_channels=(8, 16, 32, 64, 64), layers_per_block=1)
     else:
         m = diffusers.AutoencoderKLMagvit(block_out_channels=(32, 32, 32, 32), layers_per_block=1)
     return jitter_norms(m).eval()

@@ -5,7 +5,7 @@ from typing import Mapping
 
 import torch
 
-from .archs import consistency, hunyuan_video, kl, ltx, magvit, mochi, tiny, wan
+from .archs import consistency, hunyuan_video, hunyuan_video15, kl, ltx, magvit, mochi, tiny, wan
 from .errors import LoadError
 from .spec import ArchSpec
 
@@ -13,7 +13,7 @@ from .spec import ArchSpec
 # Mochi before TAESD: genmo's encoder keys (`encoder.layers.0.weight`) also match tiny.detect.
 # Consistency before KL: its encoder is SD's KL encoder (`decoder_unet.` / OpenAI names tell it apart).
 REGISTRY: tuple[ArchSpec, ...] = (consistency.SPEC, wan.SPEC, mochi.SPEC, tiny.SPEC, kl.SPEC, ltx.SPEC, magvit.SPEC,
-                                  hunyuan_video.SPEC)
+                                  hunyuan_video.SPEC, hunyuan_video15.SPEC)
 
 
 def detect(sd: Mapping[str, torch.Tensor], source: str = "state dict") -> ArchSpec:

@@ -33,9 +33,12 @@ def test_threshold_at_min_tile_size_per_axis(loaded, family):
     z = torch.randn(1, v.caps.latent_channels, 3, 3, 3)
     full = v.decode(z)
     assert full.shape == (1, 3, 1 + 2 * r, 3 * s, 3 * s)
-    for kw in (dict(tile=3 * s, overlap=s), dict(tile_frames=3 * r, overlap_frames=r)):
+    # without a temporal size, time runs in the model's own stream chunks (HunyuanVideo 1.5: 2 latent
+    # frames), exact but not bit for bit the one pass that a temporal size of the whole clip gives
+    own = -(-3 // v.caps.stream_chunk) if v.caps.stream_decode and v.caps.stream_chunk else 1
+    for kw, tiles in ((dict(tile=3 * s, overlap=s), own), (dict(tile_frames=3 * r, overlap_frames=r), 1)):
         out, n = _count_tiles(v, z, **kw)
-        assert n == 1 and torch.equal(out, full), kw
+        assert n == tiles and (out - full).abs().max() <= (0 if tiles == own else 1e-6), kw
     for kw in (dict(tile=2 * s, overlap=s), dict(tile_frames=2 * r, overlap_frames=r)):
         out, n = _count_tiles(v, z, **kw)
         assert n > 1 and out.shape == full.shape, kw
