@@ -12,10 +12,10 @@ from .convert import frames_to_image
 from .socket import as_engine
 from .tiled import _DECODE_OPTIONS, _latent_tensor, _prepare
 
-EXACTNESS = ("Exact (equal to a one-pass decode): Mochi, EasyAnimate Magvit, and image VAEs (TAESD family, "
-             "SD/Flux KL) decoding a batch of frames. Approximate (overlapping chunks, blended): HunyuanVideo "
-             "(GroupNorm and attention over the whole clip) and LTX-Video (its decoder is not causal); raise "
-             "'overlap' to shrink their seams.")
+EXACTNESS = ("Exact (equal to a one-pass decode): Mochi, EasyAnimate Magvit, HunyuanVideo 1.5, and image VAEs "
+             "(TAESD family, SD/Flux KL) decoding a batch of frames. Approximate (overlapping chunks, blended): "
+             "HunyuanVideo 1.0 (GroupNorm and attention over the whole clip) and LTX-Video (its decoder is not "
+             "causal); raise 'overlap' to shrink their seams.")
 
 
 class VAEKitFramewiseDecode:
@@ -37,7 +37,7 @@ class VAEKitFramewiseDecode:
                                          "memory; the result does not change for exact models. " + EXACTNESS}),
             "overlap": ("INT", {"default": 1, "min": 1, "max": 4096, "tooltip":
                                 "Latent frames shared by neighbouring chunks for models that cannot stream exactly "
-                                "(HunyuanVideo, LTX-Video): a chunk's first latent frame is context only, more "
+                                "(HunyuanVideo 1.0, LTX-Video): a chunk's first latent frame is context only, more "
                                 "blends the seam. Ignored by exact ones."}),
             "tile_size": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32, "tooltip":
                                   "Spatial tiles on top, in pixels (0: whole frames). Each tile streams the clip."}),

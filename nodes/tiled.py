@@ -19,8 +19,8 @@ _OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
 _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4,
                      "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; a clip no longer than "
                                 "this is one pass in time. Models that stream through causal caches (Mochi, "
-                                "Magvit; LTX-Video's encoder) take the clip this many frames at a time with an "
-                                "exact result; others blend overlapping tiles. Ignored by image VAEs."})
+                                "Magvit, HunyuanVideo 1.5; LTX-Video's encoder) take the clip this many frames at "
+                                "a time with an exact result; others blend overlapping tiles. Ignored by image VAEs."})
 _TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4,
                              "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs (at least one "
                                         "latent frame: a later tile's first latent frame is context only, its frames "

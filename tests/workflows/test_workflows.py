@@ -19,7 +19,8 @@ DEMO = ROOT / "vae" / "demo"
 # the video workflows' VAE files and latents: tiny random-weight models under the names the graphs use
 VIDEO = {json.loads(p.read_text())["1"]["inputs"]["vae_name"]: p.stem.split("_decode_")[1][: -len("_api")]
          for p in API if p.name.startswith("video_")}
-VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "hunyuan_video": (16, 10, 4, 4), "magvit": (16, 10, 4, 4)}
+VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "hunyuan_video": (16, 10, 4, 4), "magvit": (16, 10, 4, 4),
+                "hunyuan_video15": (32, 10, 3, 3)}
 
 
 @pytest.fixture
