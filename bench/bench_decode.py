@@ -98,6 +98,43 @@ def _reset_peak() -> bool:
     return _maxrss_kib() <= _vm_rss_kib() + 1024
 
 
+def run_child(cmd: list[str], env: dict) -> bool:
+    """Run one worker process; on failure print its last error line."""
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        print(f"    FAILED ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", flush=True)
+    return proc.returncode == 0
+
+
+def measure(fn, x, model, repeat: int, out_stem: Path) -> None:
+    """One worker's measurement: page every weight of ``model`` in (that is loading, not the call),
+    reset the peak-RSS mark, time ``repeat`` calls of ``fn(x)``; the last output goes to
+    ``out_stem``.npy, the figures (times, the best call's process CPU time, RSS after load, peak,
+    working set) to ``out_stem``.json."""
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            t.sum()
+    gc.collect()
+    rss_load = _vm_rss_kib()
+    reset = _reset_peak()
+    times, cpu, out = [], [], None
+    with torch.inference_mode():
+        for _ in range(repeat):
+            out = None
+            t0, c0 = time.perf_counter(), time.process_time()
+            out = fn(x)
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    peak = _maxrss_kib()
+    np.save(f"{out_stem}.npy", out.float().numpy())
+    Path(f"{out_stem}.json").write_text(json.dumps(dict(
+        times_s=times, best_s=min(times), cpu_s=cpu[times.index(min(times))], rss_after_load_mib=rss_load / MIB, peak_rss_mib=peak / MIB,
+        working_set_mib=(peak - rss_load) / MIB, peak_reset=reset, shape=list(out.shape))))
+
+
 def _load_diffusers(weights: Path, tile):
     import torch
     from diffusers import AutoencoderKL

@@ -1,15 +1,17 @@
-"""Video decode benchmark: VAEKit's video VAEs against diffusers' at the DEFAULT (published) configs,
-on the CPU, in one run.
+"""Video decode benchmark: VAEKit's video VAEs against diffusers' at the published configs, on the
+CPU, in one run.
 
     python bench/bench_video.py                       # every family, latent 1 x C x 3 x 8 x 8
+    python bench/bench_video.py --families ltx2,ltx2.3  # LTX-2 and LTX-2.3
     python bench/bench_video.py --families ltx,magvit # a subset
     python bench/bench_video.py --families mochi --frames 11 --size 4   # past Mochi's 55 divergent frames
     python bench/bench_video.py --frames 5 --json out.json
     python bench/bench_video.py --families hunyuan_video15 --frames 5 --size 12 --repeat 1 \
         --modes one-pass,default,framewise,exact            # our decode modes beside diffusers' one pass
 
-For each family a diffusers model at its default config is built with random weights under a fixed
-seed and saved to a temporary .safetensors file; both libraries load those same weights. Every
+For each family a diffusers model at its published config (diffusers' default, except for LTX-2 and
+LTX-2.3, whose published flags its conversion script sets) is built with random weights under a
+fixed seed and saved to a temporary .safetensors file; both libraries load those same weights. Every
 (family, library) runs in its own subprocess, so peak RSS is per run (the peak mark is reset after
 loading, as in bench_decode.py: ``working set`` = peak RSS during the decodes - RSS after load).
 Both outputs are mapped to 0..1 and compared (LTX with zero padding on both sides: ours pads the
@@ -27,26 +29,33 @@ one pass for models that stream (the others take overlapping temporal tiles ther
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from importlib import metadata
 from pathlib import Path
 
-from bench_decode import MIB, _maxrss_kib, _reset_peak, _vm_rss_kib
+from bench_decode import measure, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
 
-# family -> (diffusers class, constructor kwargs, latent channels, extra diffusers setup)
+# LTX-2's published flags (diffusers scripts/convert_ltx2_to_diffusers.py); its defaults say causal decoder
+LTX2_FLAGS = dict(decoder_causal=False, spatial_compression_ratio=32, temporal_compression_ratio=8)
+LTX23 = dict(block_out_channels=(256, 512, 1024, 1024), layers_per_block=(4, 6, 4, 2, 2),
+             decoder_block_out_channels=(256, 512, 512, 1024), decoder_layers_per_block=(4, 6, 4, 2, 2),
+             decoder_spatio_temporal_scaling=(True,) * 4, decoder_inject_noise=(False,) * 5,
+             upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"),
+             upsample_residual=(False,) * 4, upsample_factor=(2, 2, 1, 2), decoder_spatial_padding_mode="zeros")
+
+# family -> (diffusers class, constructor kwargs, latent channels)
 FAMILIES = {
     "mochi": ("AutoencoderKLMochi", {}, 12),
     "ltx": ("AutoencoderKLLTXVideo", {}, 128),                # 0.9.0 = the default config
+    "ltx2": ("AutoencoderKLLTX2Video", LTX2_FLAGS, 128),      # 2.0: the default shapes, published flags
+    "ltx2.3": ("AutoencoderKLLTX2Video", {**LTX23, **LTX2_FLAGS}, 128),
     "hunyuan_video": ("AutoencoderKLHunyuanVideo", {}, 16),
     "magvit": ("AutoencoderKLMagvit", {}, 16),
     "hunyuan_video15": ("AutoencoderKLHunyuanVideo15", {}, 32),
@@ -102,27 +111,7 @@ def worker(args) -> None:
     z = torch.from_numpy(np.load(tmp / f"{args.family}_latent.npy"))
     decode, model = (_diffusers(args.family, weights) if args.worker == "diffusers"
                      else _ours(args.family, weights, args.worker.split(":", 1)[1]))
-    with torch.no_grad():                      # page every weight in: that is loading, not decoding
-        for t in [*model.parameters(), *model.buffers()]:
-            t.sum()
-    gc.collect()
-    rss_load = _vm_rss_kib()
-    reset = _reset_peak()
-    times, cpu, out = [], [], None
-    with torch.inference_mode():
-        for _ in range(args.repeat):
-            out = None
-            t0, c0 = time.perf_counter(), time.process_time()
-            out = decode(z)
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-    peak = _maxrss_kib()
-    name = args.worker.replace(":", "_")
-    np.save(tmp / f"{args.family}_{name}.npy", out.float().numpy())
-    (tmp / f"{args.family}_{name}.json").write_text(json.dumps(dict(
-        times_s=times, best_s=min(times), cpu_s=cpu[times.index(min(times))],
-        rss_after_load_mib=rss_load / MIB, peak_rss_mib=peak / MIB,
-        working_set_mib=(peak - rss_load) / MIB, peak_reset=reset, shape=list(out.shape))))
+    measure(decode, z, model, args.repeat, tmp / f"{args.family}_{args.worker.replace(':', '_')}")
 
 
 def _prepare(family: str, tmp: Path, frames: int, size: int) -> None:
@@ -137,13 +126,6 @@ def _prepare(family: str, tmp: Path, frames: int, size: int) -> None:
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / f"{family}.safetensors"))
     g = torch.Generator().manual_seed(SEED)
     np.save(tmp / f"{family}_latent.npy", torch.randn(1, channels, frames, size, size, generator=g).numpy())
-
-
-def _run(cmd: list[str], env: dict) -> bool:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        print(f"    FAILED ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", flush=True)
-    return proc.returncode == 0
 
 
 def main() -> None:
@@ -170,7 +152,7 @@ def main() -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     me = [sys.executable, str(Path(__file__).resolve())]
     print(f"video decode benchmark: latent 1 x C x {args.frames} x {args.size} x {args.size}, fp32, "
-          f"{args.threads} threads, {args.repeat} timed call(s), default (published) configs, random weights")
+          f"{args.threads} threads, {args.repeat} timed call(s), published configs, random weights")
     print(f"torch {metadata.version('torch')}, diffusers {metadata.version('diffusers')}, "
           f"python {platform.python_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     rows = {}
@@ -178,13 +160,13 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="vaekit-video-") as d:
             common = ["--family", family, "--tmp", d, "--frames", str(args.frames), "--size", str(args.size)]
             print(f"  {family}: building the default-config model ...", flush=True)
-            if not _run(me + ["--prepare"] + common, env):
+            if not run_child(me + ["--prepare"] + common, env):
                 continue
             runs = {}
             for lib in ["diffusers"] + [f"ours:{m.strip()}" for m in args.modes.split(",")]:
                 print(f"    decoding with {lib} ...", flush=True)
-                if _run(me + ["--worker", lib, "--repeat", str(args.repeat), "--threads", str(args.threads)]
-                        + common, env):
+                if run_child(me + ["--worker", lib, "--repeat", str(args.repeat), "--threads", str(args.threads)]
+                             + common, env):
                     runs[lib] = json.loads(Path(d, f"{family}_{lib.replace(':', '_')}.json").read_text())
             for lib in [k for k in runs if k != "diffusers"]:
                 res = {"diffusers": runs.get("diffusers"), "ours": runs[lib]}

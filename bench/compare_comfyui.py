@@ -19,7 +19,8 @@ checks that the cause named is the whole difference. Core's missing/unexpected k
 LTX gets random per-channel statistics so that its in-VAE latent normalisation is exercised.
 `ltx-0.9.1` compares with the latent noise mix off (noise_scale=0, both sides) and the
 injected-noise scales zeroed in the weights (ComfyUI draws both unseeded). Magvit/EasyAnimate is
-not in ComfyUI core, so there is nothing to compare it with. Nothing is asserted.
+not in ComfyUI core, so there is nothing to compare it with. Wan 2.1 and 2.2 are written in Wan's
+original layout (ComfyUI's files); core loads them with its own detection. Nothing is asserted.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ SEED = 0
 LTX_091 = dict(decoder_block_out_channels=(256, 512, 1024), decoder_layers_per_block=(5, 6, 7, 8),
                decoder_spatio_temporal_scaling=(True, True, True), decoder_inject_noise=(True, True, True, False),
                upsample_residual=(True, True, True), upsample_factor=(2, 2, 2), timestep_conditioning=True)
+WAN22 = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, patch_size=2, in_channels=12,
+             out_channels=12, scale_factor_spatial=16)
 HY_MASK = "expected: core mid-block attention has no causal frame mask"
 MOCHI_ATTN = "expected: core encoder attention is not causal"
 # family -> diffusers class, kwargs, [(op, shape, expected difference)], ComfyUI vae_options
@@ -50,6 +53,11 @@ FAMILIES = {
         ("decode", (16, 1, 8, 8), ""), ("decode", (16, 3, 8, 8), HY_MASK),
         ("encode", (1, 64, 64), ""), ("encode", (9, 64, 64), HY_MASK)], {}),
     "ltx-0.9.1": ("AutoencoderKLLTXVideo", LTX_091, [("decode", (128, 2, 4, 4), "")], {"noise_scale": 0.0}),
+    # Wan 2.1 (diffusers' default config is the published one) and Wan 2.2 (its published config)
+    "wan": ("AutoencoderKLWan", {}, [("decode", (16, 1, 8, 8), ""), ("decode", (16, 3, 8, 8), ""),
+            ("encode", (1, 64, 64), ""), ("encode", (9, 64, 64), "")], {}),
+    "wan2.2": ("AutoencoderKLWan", WAN22, [("decode", (48, 1, 4, 4), ""), ("decode", (48, 3, 4, 4), ""),
+               ("encode", (1, 64, 64), ""), ("encode", (9, 64, 64), "")], {}),
 }
 # ComfyUI wraps each causal conv of HunyuanVideo 1.0 in a module whose own conv is `.conv`
 HY_WRAP = re.compile(r"\.(conv_in|conv_out|conv1|conv2|nin_shortcut|downsample\.conv|upsample\.conv)\.(weight|bias)$")
@@ -120,6 +128,9 @@ def comfy_weights(family: str, cls: str, kwargs: dict) -> dict:
         return canonical
     if family == "hunyuan_video":
         return {HY_WRAP.sub(r".\1.conv.\2", k): v for k, v in canonical.items()}
+    if family.startswith("wan"):                 # Wan's original names, as ComfyUI's files hold them
+        from vae.archs.wan_layout import to_original
+        return to_original(canonical, nested=family == "wan2.2")
     from vae.archs.ltx_layout import to_original
     return {k: torch.zeros_like(v) if "per_channel_scale" in k else v for k, v in to_original(canonical).items()}
 

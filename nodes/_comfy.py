@@ -154,14 +154,17 @@ def place(handle, device: torch.device, dtype: torch.dtype) -> None:
                                            offload_device=mm.vae_offload_device())
 
 
-def prepare(handle) -> None:
-    """Inside ComfyUI, load the weights onto their device through its memory manager before use."""
+def prepare(handle, op: Optional[str] = None, shape: Optional[tuple] = None, **plan) -> None:
+    """Inside ComfyUI, load the weights onto their device through its memory manager before use, and
+    tell it what the call needs besides (one tile of one chunk, measured from the architecture on the
+    meta device: ``VAE.memory_needed``), so it frees that much first."""
     mm = model_management()
     patcher = _patchers.get(handle.model)
     if mm is None or patcher is None:
         return
+    need = handle.memory_needed(tuple(shape), op, **plan) if op and shape is not None else None
     # plain torch layers cannot be partially loaded, so the whole VAE is loaded
-    mm.load_models_gpu([patcher], force_full_load=True)
+    mm.load_models_gpu([patcher], memory_required=need or 0, force_full_load=True)
 
 
 def placed_device(handle) -> torch.device:

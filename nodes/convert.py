@@ -3,7 +3,11 @@ device, LATENT is a dict whose 'samples' we replace (other keys such as noise_ma
 batch_index are kept)."""
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger("VAEKit")
 
 
 def image_to_bchw(image: torch.Tensor) -> torch.Tensor:
@@ -24,6 +28,21 @@ def latent_out(latent_in: dict | None, samples: torch.Tensor) -> dict:
     out = dict(latent_in) if latent_in else {}
     out["samples"] = samples
     return out
+
+
+def images_to_clips(x: torch.Tensor, r: int, one_clip: bool = True) -> torch.Tensor:
+    """An IMAGE batch [N, C, H, W] for a video VAE of temporal ratio ``r``, as core's VAE Encode takes
+    it: one clip [1, C, N', H, W] of the first N' = 1 + r*((N-1)//r) images (the frames past the last
+    whole group of ``r`` are dropped: N images give 1 + (N-1)//r latent frames), or with
+    ``one_clip=False`` (core's ``not_video``) every image its own one-frame clip [N, C, 1, H, W]."""
+    if not one_clip:
+        return x.unsqueeze(2)
+    n = x.shape[0]
+    keep = 1 + r * ((n - 1) // r) if n else 0
+    if keep != n:
+        log.warning("VAEKit: %d images make a clip of %d frames (1 + %d*k) for this video VAE; the last %d "
+                    "are dropped, as core's VAE Encode does", n, keep, r, n - keep)
+    return x[:keep].movedim(1, 0).unsqueeze(0)
 
 
 def center_crop_to_multiple(image: torch.Tensor, r: int) -> torch.Tensor:

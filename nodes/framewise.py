@@ -10,12 +10,14 @@ from . import _comfy
 from .base import CATEGORY, names_node
 from .convert import frames_to_image
 from .socket import as_engine
-from .tiled import _DECODE_OPTIONS, _latent_tensor, _prepare
+from .tiled import _DECODE_OPTIONS, _latent_tensor, _prepare, _temporal_ratio
 
-EXACTNESS = ("Exact (equal to a one-pass decode): Mochi, EasyAnimate Magvit, HunyuanVideo 1.5, and image VAEs "
-             "(TAESD family, SD/Flux KL) decoding a batch of frames. Approximate (overlapping chunks, blended): "
-             "HunyuanVideo 1.0 (GroupNorm and attention over the whole clip) and LTX-Video (its decoder is not "
-             "causal); raise 'overlap' to shrink their seams.")
+EXACTNESS = ("Exact (equal to a one-pass decode): Wan 2.1/2.2 (also Qwen-Image's VAE), HunyuanVideo 1.5, Mochi, "
+             "EasyAnimate Magvit, and image VAEs (TAESD family, "
+             "SD/Flux KL) decoding a batch of frames. Approximate (overlapping chunks, blended): HunyuanVideo 1.0 "
+             "(GroupNorm and attention over the whole clip), LTX-Video and LTX-2 (their decoders are not causal: "
+             "an LTX-2 frame depends on 22 latent frames either way, LTX-2.3's on 14); raise 'overlap' to shrink "
+             "their seams.")
 
 
 class VAEKitFramewiseDecode:
@@ -37,7 +39,7 @@ class VAEKitFramewiseDecode:
                                          "memory; the result does not change for exact models. " + EXACTNESS}),
             "overlap": ("INT", {"default": 1, "min": 1, "max": 4096, "tooltip":
                                 "Latent frames shared by neighbouring chunks for models that cannot stream exactly "
-                                "(HunyuanVideo 1.0, LTX-Video): a chunk's first latent frame is context only, more "
+                                "(HunyuanVideo 1.0, LTX-Video, LTX-2): a chunk's first latent frame is context only, more "
                                 "blends the seam. Ignored by exact ones."}),
             "tile_size": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32, "tooltip":
                                   "Spatial tiles on top, in pixels (0: whole frames). Each tile streams the clip."}),
@@ -50,10 +52,11 @@ class VAEKitFramewiseDecode:
                decode_timestep=0.05, decode_noise_scale=0.025, seed=0):
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
-        _prepare(engine)
+        r = _temporal_ratio(engine)
+        _prepare(engine, "decode", z.shape, tile=tile_size or None,
+                 tile_frames=frames_per_chunk * r if r and z.dim() == 5 else None)
         opts = dict(tile=tile_size or None, overlap=tile_overlap, out_device=_comfy.intermediate_device(),
                     timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed)
-        r = _temporal_ratio(engine)
         if r is None:                                  # image VAE: the batch is the frame axis
             return (_decode_batches(engine, z, frames_per_chunk, opts),)
         if z.dim() != 5:
@@ -62,11 +65,6 @@ class VAEKitFramewiseDecode:
         images = engine.decode(z, tile_frames=frames_per_chunk * r, overlap_frames=overlap * r,
                                progress=_comfy.progress_callback(), **opts)
         return (frames_to_image(images),)
-
-
-def _temporal_ratio(engine):
-    caps = getattr(engine, "caps", None)
-    return caps.temporal_ratio if caps is not None else getattr(engine, "frames", None)
 
 
 def _decode_batches(engine, z: torch.Tensor, chunk: int, opts: dict) -> torch.Tensor:

@@ -5,6 +5,7 @@ versions, Set Latent Noise Mask helpers...), so core nodes accept our VAE. ``as_
 whatever arrives on a socket (ours, or a core ``comfy.sd.VAE``) into something our nodes can tile."""
 from __future__ import annotations
 
+import json
 import weakref
 from typing import Optional
 
@@ -14,7 +15,7 @@ from ..vae import VAE, from_state_dict, tiling
 from ..vae.errors import InputError, VAEKitError
 from ..vae.handle import check_divisible
 from . import _comfy
-from .convert import bchw_to_image, center_crop_to_multiple, image_to_bchw
+from .convert import bchw_to_image, center_crop_to_multiple, image_to_bchw, images_to_clips
 
 
 class VAEKitVAE:
@@ -86,14 +87,18 @@ class VAEKitVAE:
         """[B, C, H, W] -> IMAGE; video [B, C, T, H, W] -> [B, T, H, W, C] (core's VAEDecode flattens it)."""
         return bchw_to_image(images)
 
-    def _clip(self, pixels: torch.Tensor) -> torch.Tensor:
-        """IMAGE -> model layout. A video VAE takes the whole IMAGE batch as one clip, as core does."""
+    def _clip(self, pixels: torch.Tensor, not_video: Optional[bool] = None) -> torch.Tensor:
+        """IMAGE -> model layout, as core's VAE.encode: sides centre-cropped to multiples of the ratio; a
+        video VAE takes the IMAGE batch as one clip (extra frames dropped), or with ``not_video`` each
+        image as a one-frame clip (core's Qwen-Image edit nodes ask for that)."""
         pixels = center_crop_to_multiple(pixels, self.handle.caps.spatial_ratio_packed)
         x = image_to_bchw(pixels)
-        return x.movedim(1, 0).unsqueeze(0) if self.handle.is_video else x
+        if not self.handle.is_video:
+            return x
+        return images_to_clips(x, self.handle.caps.temporal_ratio, one_clip=not not_video)
 
     def decode(self, samples: torch.Tensor, vae_options: Optional[dict] = None) -> torch.Tensor:
-        _comfy.prepare(self.handle)
+        _comfy.prepare(self.handle, "decode", samples.shape)
         return self._out(self.handle.decode(samples, progress=_comfy.progress_callback(),
                                             out_device=_comfy.intermediate_device(), **(vae_options or {})))
 
@@ -101,22 +106,25 @@ class VAEKitVAE:
         r = self.spacial_compression_decode()
         rt = self.handle.caps.temporal_ratio or 1
         tile = (int(tile_y or 64) * r, int(tile_x or 64) * r)
-        _comfy.prepare(self.handle)
+        frames = self.handle.temporal_tile(int(tile_t) * rt if tile_t else None)
+        _comfy.prepare(self.handle, "decode", samples.shape, tile=tile, tile_frames=frames)
         return self._out(self.handle.decode(samples, tile=tile, overlap=int(overlap or 16) * r,
-                                            tile_frames=int(tile_t) * rt if tile_t else None,
+                                            tile_frames=frames,
                                             overlap_frames=int(overlap_t or 1) * rt,
                                             progress=_comfy.progress_callback(),
                                             out_device=_comfy.intermediate_device()))
 
-    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
-        _comfy.prepare(self.handle)
-        return self.handle.encode(self._clip(pixels), progress=_comfy.progress_callback(),
-                                  out_device=_comfy.intermediate_device())
+    def encode(self, pixels: torch.Tensor, not_video: Optional[bool] = None) -> torch.Tensor:
+        x = self._clip(pixels, not_video)
+        _comfy.prepare(self.handle, "encode", x.shape)
+        return self.handle.encode(x, progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
 
-    def encode_tiled(self, pixels, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
-        _comfy.prepare(self.handle)
-        return self.handle.encode(self._clip(pixels), tile=(int(tile_y or 512), int(tile_x or 512)),
-                                  overlap=int(overlap or 64), tile_frames=tile_t, overlap_frames=overlap_t,
+    def encode_tiled(self, pixels, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None,
+                     not_video: Optional[bool] = None):
+        x, tile, frames = self._clip(pixels, not_video), (int(tile_y or 512), int(tile_x or 512)), self.handle.temporal_tile(tile_t)
+        _comfy.prepare(self.handle, "encode", x.shape, tile=tile, tile_frames=frames)
+        return self.handle.encode(x, tile=tile, overlap=int(overlap or 64), tile_frames=frames,
+                                  overlap_frames=overlap_t,
                                   progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
 
 
@@ -176,6 +184,29 @@ class CoreVAEEngine:
 _converted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def _core_metadata(core) -> dict:
+    """What core built an LTX VAE with that its weights do not say (core reads it from the
+    checkpoint's metadata, which ``get_sd()`` does not carry): the decoder's block list (residual
+    up-samplers), each side's padding, a causal decoder, as the metadata our loader reads. {} for
+    other architectures."""
+    model = getattr(core, "first_stage_model", None)
+    if "lightricks" not in type(model).__module__:
+        return {}
+    decoder, encoder = getattr(model, "decoder", None), getattr(model, "encoder", None)
+    cfg = {"causal_decoder": bool(getattr(decoder, "causal", False))}
+    blocks = getattr(decoder, "blocks_desc", None)          # ComfyUI since LTX-2; older ones: published rule
+    if isinstance(blocks, (list, tuple)):
+        cfg["decoder_blocks"] = blocks
+    for side, module in (("decoder", decoder), ("encoder", encoder)):
+        mode = getattr(getattr(getattr(module, "conv_in", None), "conv", None), "padding_mode", None)
+        if isinstance(mode, str):
+            cfg[f"{side}_spatial_padding_mode"] = mode
+    try:
+        return {"config": json.dumps({"vae": cfg})}
+    except (TypeError, ValueError):
+        return {}
+
+
 def as_engine(vae, node: str):
     """Our handle for a VAE socket value. A core VAE is converted once per VAE object (into our
     layout, placed like a VAE from our loader) or, if we do not implement its architecture, tiled
@@ -188,7 +219,7 @@ def as_engine(vae, node: str):
         cached = _converted.get(vae)
         if cached is None:
             try:
-                cached = from_state_dict(vae.get_sd(), source="core VAE")
+                cached = from_state_dict(vae.get_sd(), source="core VAE", metadata=_core_metadata(vae))
             except VAEKitError as e:   # an architecture (or variant) we do not implement
                 _comfy.log.info("VAEKit: tiling %s through its own calls (%s)", type(vae).__name__, e)
                 cached = CoreVAEEngine(vae)

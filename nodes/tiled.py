@@ -6,7 +6,7 @@ import torch
 from ..vae.errors import InputError
 from . import _comfy
 from .base import CATEGORY, names_node
-from .convert import frames_to_image, image_to_bchw, latent_out
+from .convert import frames_to_image, image_to_bchw, images_to_clips, latent_out
 from .socket import as_engine
 
 _TILE = ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32,
@@ -18,22 +18,29 @@ _OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
                                "More overlap hides seams better and costs a little more time."})
 _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4,
                      "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; a clip no longer than "
-                                "this is one pass in time. Models that stream through causal caches (Mochi, "
-                                "Magvit, HunyuanVideo 1.5; LTX-Video's encoder) take the clip this many frames at "
-                                "a time with an exact result; others blend overlapping tiles. Ignored by image VAEs."})
+                                "this is one pass in time. Models that stream through causal caches (Wan, "
+                                "HunyuanVideo 1.5, Mochi, Magvit; the LTX-Video and LTX-2 encoders) take the clip "
+                                "this many frames at a time with an exact result (Wan at most 4, one latent frame, "
+                                "HunyuanVideo 1.5 at most 8, two, as their references run: more frames only cost "
+                                "memory); others blend overlapping tiles, approximately: an LTX-2 "
+                                "decoder frame depends on 22 latent frames (176 frames; LTX-2.3: 14, 112 frames) "
+                                "either way, so frames nearer a tile edge than that differ from one pass. Ignored "
+                                "by image VAEs."})
 _TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4,
                              "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs (at least one "
                                         "latent frame: a later tile's first latent frame is context only, its frames "
                                         "are dropped). Ignored by image VAEs."})
-# Inputs of timestep-conditioned or sampling decoders (LTX-Video 0.9.1+; seed: also the Consistency
-# Decoder); other VAEs ignore them.
+# Inputs of timestep-conditioned or sampling decoders (LTX-Video 0.9.1+, LTX-2 files with a
+# timestep-conditioned decoder; seed: also the Consistency Decoder); other VAEs ignore them.
 _DECODE_OPTIONS = {
     "decode_timestep": ("FLOAT", {"default": 0.05, "min": 0.0, "max": 1.0, "step": 0.001,
-                                  "tooltip": "LTX-Video 0.9.1+ only: the timestep the decoder is conditioned on "
-                                             "(ComfyUI's default 0.05). Ignored by other VAEs."}),
+                                  "tooltip": "Timestep-conditioned LTX decoders only (LTX-Video 0.9.1+, some LTX-2 "
+                                             "files): the timestep the decoder is conditioned on (ComfyUI's "
+                                             "default 0.05). Ignored by other VAEs."}),
     "decode_noise_scale": ("FLOAT", {"default": 0.025, "min": 0.0, "max": 1.0, "step": 0.001,
-                                     "tooltip": "LTX-Video 0.9.1+ only: share of noise mixed into the latent before "
-                                                "decoding (ComfyUI's default 0.025). Ignored by other VAEs."}),
+                                     "tooltip": "Timestep-conditioned LTX decoders only (LTX-Video 0.9.1+, some "
+                                                "LTX-2 files): share of noise mixed into the latent before decoding "
+                                                "(ComfyUI's default 0.025). Ignored by other VAEs."}),
     "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF,
                      "tooltip": "Seed of the noise a decoder draws, so a decode repeats exactly: LTX-Video 0.9.1+ "
                                 "(the noise above) and the Consistency Decoder (its sampler). Ignored by other VAEs."}),
@@ -46,7 +53,9 @@ _MODE = (["fast", "exact"], {"default": "fast",
                                "attention runs on the whole latent; overlap is not used. Costs: about 1.3-1.5x the "
                                "untiled time (CPU, SD-shape VAE at 1024 px), and the paused tiles together hold the "
                                "current level's activations: less memory than an untiled pass, more than fast mode. "
-                               "Video: tiles are spatial and each runs the whole clip (temporal size is ignored)."})
+                               "Video: tiles are spatial; models that stream (Wan, Mochi, Magvit) run each tile "
+                               "chunk by chunk through its causal caches, so memory stays flat in the frame count; "
+                               "others run the whole clip per tile."})
 _TILING = {"tile_size": _TILE, "overlap": _OVERLAP, "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP}
 
 
@@ -62,7 +71,10 @@ class VAEKitTiledDecode:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "samples": ("LATENT", {"tooltip": "The latent to decode (e.g. from a KSampler)."}),
+            "samples": ("LATENT", {"tooltip": "The latent to decode (e.g. from a KSampler). Flux.2: the 128-channel "
+                                              "LATENT core's nodes make (packed 2x2, normalised by the VAE's BatchNorm "
+                                              "statistics); a 32-channel one is read as that latent unpacked (taef2's "
+                                              "space, as core's TAESD path makes it), not as diffusers' raw z."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             # optional, after the older widgets: saved workflows keep their widget positions
@@ -73,8 +85,9 @@ class VAEKitTiledDecode:
                decode_timestep=0.05, decode_noise_scale=0.025, seed=0, mode="fast"):
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
-        _prepare(engine)
-        images = engine.decode(z, tile=tile_size, overlap=overlap, tile_frames=temporal_size,
+        frames = _temporal_tile(engine, temporal_size)
+        _prepare(engine, "decode", z.shape, tile=tile_size, overlap=overlap, tile_frames=frames)
+        images = engine.decode(z, tile=tile_size, overlap=overlap, tile_frames=frames,
                                overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
                                out_device=_comfy.intermediate_device(),
                                timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed, mode=mode)
@@ -85,7 +98,8 @@ class VAEKitTiledEncode:
     DISPLAY_NAME = "Tiled Encode (VAEKit)"
     CATEGORY = CATEGORY
     RETURN_TYPES = ("LATENT",)
-    OUTPUT_TOOLTIPS = ("The latent, in the layout the VAE's diffusion model expects.",)
+    OUTPUT_TOOLTIPS = ("The latent, in the layout the VAE's diffusion model expects (Flux.2: 128 channels, packed "
+                       "2x2 and normalised by the VAE's BatchNorm statistics, as core's VAE Encode gives it).",)
     FUNCTION = "encode"
     DESCRIPTION = "Encodes images tile by tile into one preallocated latent; memory is bounded by the tile."
 
@@ -93,7 +107,11 @@ class VAEKitTiledEncode:
     def INPUT_TYPES(cls):
         return {"required": {
             "pixels": ("IMAGE", {"tooltip": "Images [N, H, W, 3] in 0..1; sides must be multiples of the VAE's "
-                                            "compression (8 for SD/Flux.1 VAEs, 16 for Flux.2's packed latents)."}),
+                                            "compression (8 for SD/Flux.1 and Wan 2.1 VAEs, 16 for Flux.2's packed "
+                                            "latents and Wan 2.2). A video VAE takes the batch as one clip, as "
+                                            "core's VAE Encode does: N images give 1 + (N-1)//4 latent frames for "
+                                            "Wan (frames past the last whole group are dropped); one image is a "
+                                            "one-frame clip (Qwen-Image). An RGBA VAE gets RGB with opaque alpha."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             "optional": {"mode": _MODE}}
@@ -104,11 +122,12 @@ class VAEKitTiledEncode:
         if not torch.is_tensor(pixels) or pixels.dim() != 4:
             raise InputError(f"expected an IMAGE [N, H, W, C], got {type(pixels).__name__}"
                              f"{tuple(pixels.shape) if torch.is_tensor(pixels) else ''}.", input="pixels")
-        _prepare(engine)
         x = image_to_bchw(pixels)
         if getattr(engine, "is_video", False):      # the IMAGE batch is one clip, as core's VAE Encode
-            x = x.movedim(1, 0).unsqueeze(0)
-        z = engine.encode(x, tile=tile_size, overlap=overlap, tile_frames=temporal_size,
+            x = images_to_clips(x, _temporal_ratio(engine))
+        frames = _temporal_tile(engine, temporal_size)
+        _prepare(engine, "encode", x.shape, tile=tile_size, overlap=overlap, tile_frames=frames)
+        z = engine.encode(x, tile=tile_size, overlap=overlap, tile_frames=frames,
                           overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
                           out_device=_comfy.intermediate_device(), mode=mode)
         return (latent_out(None, z),)
@@ -124,6 +143,19 @@ def _latent_tensor(samples) -> torch.Tensor:
     return z
 
 
-def _prepare(engine) -> None:
+def _temporal_ratio(engine):
+    """Pixel frames per latent frame of a video VAE (ours or a core one), None for an image VAE."""
+    caps = getattr(engine, "caps", None)
+    return caps.temporal_ratio if caps is not None else getattr(engine, "frames", None)
+
+
+def _temporal_tile(engine, frames: int) -> int:
+    """Frames run at a time: the widget's size, or less for a model that streams in chunks of its own."""
+    return engine.temporal_tile(frames) if hasattr(engine, "temporal_tile") else frames
+
+
+def _prepare(engine, op: str = None, shape=None, **plan) -> None:
+    """Our VAE onto its device through ComfyUI's memory manager, with what the call needs besides
+    (a core VAE we tile through its own calls loads itself)."""
     if hasattr(engine, "model"):
-        _comfy.prepare(engine)
+        _comfy.prepare(engine, op, shape, **plan)

@@ -127,3 +127,30 @@ def assert_layouts_agree(layouts: dict, tmp_path, spec_id: str, run) -> None:
         out = run(v)
         first = out if first is None else first
         assert torch.equal(out, first), name
+
+
+def spy_tensor_reads(monkeypatch) -> list:
+    """Record every tensor the loader reads from a .safetensors file (through safetensors' safe_open)."""
+    from vae import loading
+    read, real = [], loading.safe_open
+
+    class Spy:
+        def __init__(self, *a, **kw):
+            self.f = real(*a, **kw)
+
+        def __enter__(self):
+            self.inner = self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def keys(self):
+            return self.inner.keys()
+
+        def get_tensor(self, key):
+            read.append(key)
+            return self.inner.get_tensor(key)
+
+    monkeypatch.setattr(loading, "safe_open", Spy)
+    return read

@@ -7,9 +7,12 @@ import torch
 
 from helpers import jitter_norms
 
-FAMILIES = ("mochi", "ltx", "hunyuan_video", "magvit", "hunyuan_video15")
+FAMILIES = ("mochi", "ltx", "ltx2", "hunyuan_video", "magvit", "wan", "hunyuan_video15")
 # spatial ratio, temporal ratio of each family
-RATIOS = {"mochi": (8, 6), "ltx": (32, 8), "hunyuan_video": (8, 4), "magvit": (8, 4), "hunyuan_video15": (16, 4)}
+RATIOS = {"mochi": (8, 6), "ltx": (32, 8), "ltx2": (32, 8), "hunyuan_video": (8, 4), "magvit": (8, 4), "wan": (8, 4),
+          "hunyuan_video15": (16, 4)}
+# LTX-2 extends the LTX-Video family: one spec, its versions told apart by their shapes
+SPEC_IDS = {"ltx2": "ltx"}
 
 
 def tiny_reference(family: str) -> torch.nn.Module:
@@ -23,10 +26,20 @@ def tiny_reference(family: str) -> torch.nn.Module:
         m = diffusers.AutoencoderKLLTXVideo(latent_channels=16, block_out_channels=(8, 16, 32, 32),
                                             decoder_block_out_channels=(8, 16, 32, 32), layers_per_block=(1,) * 5,
                                             decoder_layers_per_block=(1,) * 5)
+    elif family == "ltx2":        # LTX-2.3's shape (time-only and space-only up-samplers), published flags
+        m = diffusers.AutoencoderKLLTX2Video(
+            latent_channels=16, block_out_channels=(8, 16, 32, 32), layers_per_block=(1,) * 5,
+            decoder_block_out_channels=(16, 32, 32, 64), decoder_layers_per_block=(1,) * 5,
+            decoder_spatio_temporal_scaling=(True,) * 4, decoder_inject_noise=(False,) * 5,
+            upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"), upsample_residual=(False,) * 4,
+            upsample_factor=(2, 2, 1, 2), decoder_causal=False, decoder_spatial_padding_mode="zeros",
+            spatial_compression_ratio=32, temporal_compression_ratio=8)
     elif family == "hunyuan_video":
         m = diffusers.AutoencoderKLHunyuanVideo(block_out_channels=(32, 32, 32, 32), layers_per_block=1)
         m.use_framewise_decoding = m.use_framewise_encoding = False
-    elif family == "hunyuan_video15":
+    elif family == "wan":      # Wan 2.1's published structure, narrow
+        m = diffusers.AutoencoderKLWan(base_dim=8, z_dim=16)
+    elif family == "hunyuan_video15":      # the published structure (5 levels), narrow
         m = diffusers.AutoencoderKLHunyuanVideo15(block_out_channels=(8, 16, 32, 64, 64), layers_per_block=1)
     else:
         m = diffusers.AutoencoderKLMagvit(block_out_channels=(32, 32, 32, 32), layers_per_block=1)

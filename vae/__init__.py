@@ -4,8 +4,9 @@
     v = load("taef2_decoder.safetensors")      # family and hyperparameters detected from the keys
     images = v.decode(latent, tile=512, overlap=64)
 """
-from .errors import InputError, LoadError, VAEKitError
+from .errors import InputError, LoadError, NonFiniteError, VAEKitError
 from .handle import VAE
 from .loading import from_state_dict, load, read_state_dict
 
-__all__ = ["VAE", "load", "from_state_dict", "read_state_dict", "VAEKitError", "LoadError", "InputError"]
+__all__ = ["VAE", "load", "from_state_dict", "read_state_dict", "VAEKitError", "LoadError", "InputError",
+           "NonFiniteError"]

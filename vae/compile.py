@@ -13,8 +13,10 @@ compiled together with the decoder):
   tile + overlap), so one static graph serves every resolution; an untiled axis is marked dynamic
   (``dynamic="auto"``), so a new resolution reuses one dynamic graph instead of recompiling.
 - Sizes: see ``crop_to_multiple`` (the one rule for sides that are not multiples of the compression).
-- Streamed (frame-wise) chunks and exact-mode tiles run the eager model: per-chunk cache state would
-  recompile, and an exact tile pauses inside the model at every GroupNorm.
+- Streamed (frame-wise) chunks run compiled: each stream's caches stay in its own run state, read
+  eagerly at graph breaks around the stateful modules (vae/run.py), so a model that always streams
+  (Wan) is compiled too, in pieces between its causal convs. Exact-mode tiles run the eager model: a
+  tile pauses inside the model at every sync point.
 - Graphs are counted per half (``graph_count``) from dynamo's own counter, around this handle's calls.
 - A half the backend fails to compile is retried with static shapes (inductor 2.13 cannot lower some
   3-D convs with symbolic sizes), then, failing again, runs eagerly from then on, with a warning
@@ -112,9 +114,8 @@ class _Compiled:
         return copy.deepcopy(self.eager, memo)
 
     def __call__(self, x: torch.Tensor, *args, **kwargs):
-        # streamed chunks (per-chunk cache state) and exact tiles (they pause inside the model) run eagerly
-        state = run.current()
-        if self.failed or state.memory is not None or state.exact is not None:
+        # exact tiles pause inside the model: they run eagerly
+        if self.failed or run.current().exact is not None:
             return self.eager(x, *args, **kwargs)
         if self.auto_dynamic and self.dims:
             torch._dynamo.maybe_mark_dynamic(x, [x.dim() + d for d in self.dims])

@@ -37,3 +37,7 @@ class LoadError(VAEKitError):
 
 class InputError(VAEKitError):
     """A latent or image that does not fit the loaded VAE."""
+
+
+class NonFiniteError(VAEKitError):
+    """A decode or encode whose output has NaN/Inf values (never returned): names the likely cause."""

@@ -42,6 +42,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from .errors import NonFiniteError
+
 
 log = logging.getLogger("VAEKit")
 
@@ -261,6 +263,35 @@ class Guard:
         self.vae.last_upcast = report
         if exc_type is None and report.tiles:
             (log.error if report.failed else log.warning)(report.message)
+
+
+def require_finite(vae, y: torch.Tensor, op: str, x: torch.Tensor, options: dict, input: str) -> None:
+    """Never return NaN/Inf pixels or latents: raise with the likely cause (checked in this order: the
+    weights, a decode option, the input's magnitude, the precision), found only when it happens."""
+    if bool(torch.isfinite(y).all()):      # once per call, on the output (the tile guard is fp16/bf16 only)
+        return
+    bad = int((~torch.isfinite(y)).sum())
+    head = f"the {op} gave {bad} NaN/Inf values out of {y.numel()}"
+    broken = [name for name, p in vae.model.named_parameters() if not torch.isfinite(p).all()]
+    if broken:
+        raise NonFiniteError(f"{head}: the VAE's weights have NaN/Inf values in {len(broken)} tensors "
+                             f"(e.g. {', '.join(broken[:3])}).", input="vae",
+                             fix="the VAE file is damaged: download it again or load another copy.")
+    for name, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise NonFiniteError(f"{head}: the decode option '{name}' is {value}.", input=name,
+                                 fix=f"give '{name}' a finite value.")
+    peak = float(x.detach().abs().max()) if x.numel() else 0.0
+    if op == "decode" and peak > 1e3:
+        raise NonFiniteError(f"{head}: the latent's values reach {peak:.3g} (a sampler's latents stay within "
+                             "about +-20).", input=input,
+                             fix="check the sampler and model that made this latent (a diverged sampler, an fp16 "
+                                 "overflow upstream) and that the latent belongs to this VAE.")
+    if vae.dtype in GUARDED:
+        raise NonFiniteError(f"{head}, even after recomputing in float32.", input="vae",
+                             fix="load the VAE in fp32 and check the input; please report the file if it persists.")
+    raise NonFiniteError(f"{head} in {_name(vae.dtype)}.", input=input,
+                         fix="check the input values; load the VAE in fp32 if it runs in another precision.")
 
 
 def _index(n: int, grid: tuple[int, ...]) -> tuple[int, ...]:

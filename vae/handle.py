@@ -2,27 +2,36 @@
 route through the tiling engine (a single tile when no tiling is asked for or needed)."""
 from __future__ import annotations
 
+import gc
+import logging
 from typing import Any, Optional, Union
 
 import torch
 
-from . import exact, guard, latents, streaming, tiling
+from . import exact, guard, latents, memory, streaming, tiling
 from .errors import InputError
 from .spec import ArchSpec, Capabilities
 
+log = logging.getLogger("VAEKit")
 DeviceLike = Union[str, torch.device, None]
 Tile = Union[int, tuple[int, int], None]
 
-# which models make latents of this many channels; a dict tells them apart by the tensor's rank
-# (4: image latent [B, C, h, w], 5: video latent [B, C, t, h, w])
-_CHANNEL_HINTS = {4: "SD1.x/SD2.x/SDXL", 12: "Mochi", 16: "SD3/Flux.1, HunyuanVideo, EasyAnimate and Wan",
-                  32: {4: "Flux.2 (unpacked)", 5: "HunyuanVideo 1.5"},
-                  64: "HunyuanImage 2.1 (its refiner: two frames packed)", 128: "Flux.2 or LTX-Video"}
+# Which models make latents of a channel count, by the latent's rank (image [B, C, h, w] or video
+# [B, C, t, h, w]): counts collide across families, the rank tells many of them apart.
+_CHANNEL_HINTS = {
+    4: {4: "SD1.x/SD2.x/SDXL"},
+    16: {4: "SD3/Flux.1", 5: "Wan 2.1/Qwen-Image, HunyuanVideo or EasyAnimate"},
+    12: {5: "Mochi"}, 48: {5: "Wan 2.2"},
+    32: {4: "Flux.2 (unpacked)", 5: "HunyuanVideo 1.5"},
+    64: {4: "HunyuanImage 2.1", 5: "HunyuanImage 2.1 refiner (two frames packed)"},
+    128: {4: "Flux.2 (packed)", 5: "LTX-Video/LTX-2"},
+}
 
 
-def _channel_hint(c: int, rank: int) -> str:
-    hint = _CHANNEL_HINTS.get(c, f"a {c}-channel model")
-    return hint.get(rank, " or ".join(hint.values())) if isinstance(hint, dict) else hint
+def channel_hint(channels: int, rank: int) -> str:
+    """The models whose latents have ``channels`` channels at this rank (else at any rank)."""
+    by_rank = _CHANNEL_HINTS.get(channels, {})
+    return by_rank.get(rank) or " or ".join(by_rank.values()) or f"a {channels}-channel model"
 
 
 def check_divisible(h: int, w: int, r: int, what: str, input: str = "pixels") -> None:
@@ -99,14 +108,17 @@ class VAE:
     # ---- checks --------------------------------------------------------------------------------
     def check_latent(self, z: torch.Tensor, input: str = "samples") -> torch.Tensor:
         """Validate a LATENT tensor and return it on the model's own latent grid (unpacked)."""
-        caps, rank = self.caps, z.dim()
+        caps = self.caps
+        rank = z.dim()
         if not caps.can_decode:
             raise InputError("this VAE has no decoder (only an encoder file was loaded).", input="vae",
                              fix="load the matching *_decoder file too, or the pair by its stem name.")
         if self.is_video:
             if z.dim() != 5:
-                raise InputError(f"{self.name} is a video VAE and takes video latents [B, C, frames, h, w]; "
-                                 f"got shape {tuple(z.shape)}.", input=input,
+                seen = f" (as {channel_hint(z.shape[1], z.dim())} latents have)" if z.dim() == 4 else ""
+                raise InputError(f"{self.name} is a video VAE and takes video latents [B, C, frames, h, w] (one "
+                                 f"frame: [B, C, 1, h, w], as Qwen-Image's sampler gives them); got shape "
+                                 f"{tuple(z.shape)}{seen}.", input=input,
                                  fix="connect the LATENT of a video model (e.g. its sampler's output); "
                                      "an image latent belongs to an image VAE.")
         else:
@@ -118,7 +130,7 @@ class VAE:
         c = z.shape[1]
         accepted = {caps.latent_channels_packed, caps.latent_channels}
         if c not in accepted:
-            src = _channel_hint(c, rank)
+            src = channel_hint(c, rank)      # the rank as given (a 5-D latent is a video model's)
             raise InputError(
                 f"this latent has {c} channels (as {src} latents do) but the loaded VAE, {self.name}, "
                 f"takes {caps.latent_channels_packed}.", input=input,
@@ -139,6 +151,8 @@ class VAE:
             raise InputError("this VAE has no encoder (only a decoder file was loaded).", input="vae",
                              fix="load the matching *_encoder file too, or the pair by its stem name.")
         dims = 5 if self.is_video else 4
+        if x.dim() == dims and x.shape[1] == 3 and caps.image_channels == 4:
+            x = torch.cat([x, x.new_ones(x[:, :1].shape)], dim=1)    # RGB into an RGBA VAE: opaque, as ComfyUI pads
         if x.dim() != dims or x.shape[1] < caps.image_channels:
             what = "clips [B, C, frames, H, W]" if self.is_video else "images [B, C, H, W]"
             raise InputError(f"expected {what} with {caps.image_channels} channels, got shape {tuple(x.shape)}.",
@@ -189,7 +203,6 @@ class VAE:
         _check_mode(mode)
         lo, hi = self.caps.value_range
         opts = self.decode_options(options)
-        latent_units, pixel_units = self._scales()
 
         def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
             model = self.model if model is None else model      # the NaN guard's upcast copy
@@ -199,22 +212,57 @@ class VAE:
         with torch.inference_mode(), guard.Guard(self, "decode", fn) as g:
             if hasattr(self.model, "prepare_decode"):     # whole-latent steps (seeded noise) before tiling
                 z = self.model.prepare_decode(self._model_input(z), **opts)
-            plans = self._plans(z.shape[2:], tile, overlap, tile_frames, overlap_frames)
-            out_device = torch.device(out_device or "cpu")
-            chunk = self._stream_chunk(z.shape[2], tile_frames, self.caps.stream_decode)
-            ins, outs = streaming.decode_chunks(z.shape[2], chunk, self.caps.temporal_ratio) if chunk else (0, 0)
-            cores = self._exact_cores(z.shape[-2:], tile) if mode == "exact" else None
-            if cores:
-                out = g.whole(lambda f, m: exact.run_exact(f, m, z, cores, 1, self.caps.spatial_ratio, out_device,
-                                                           chunks=(ins, outs) if chunk else None, progress=progress))
-            elif chunk:
-                out = streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, z, ins, outs, plans[1:],
-                                             (1, 1), pixel_units[1:], self.caps.image_channels,
-                                             self.frames_for(z.shape[2]), out_device, progress)
-            else:
-                out = tiling.run_tiled(g.tiled(plans), z, plans, latent_units, pixel_units, self.caps.image_channels,
-                                       out_device, progress=progress)
+            out = self._oom_retry("decode", tile, z.shape[-2:], self.caps.spatial_ratio, lambda t: self._engine(
+                g, z, z.shape[2:], t, overlap, tile_frames, overlap_frames, mode, True, progress, out_device))
+            guard.require_finite(self, out, "decode", z, opts, "samples")
             return out.clamp_(0.0, 1.0)
+
+    def _engine(self, g: guard.Guard, x: torch.Tensor, grid: tuple[int, ...], tile: Tile, overlap: Optional[int],
+                tile_frames: Optional[int], overlap_frames: Optional[int], mode: str, decode: bool,
+                progress: Optional[tiling.Progress], out_device: DeviceLike) -> torch.Tensor:
+        """The one dispatch of both directions: exact tiles (streamed in time where the model
+        streams), a streamed time axis (spatial tiles blended), or the tiling engine (one tile when
+        nothing needs tiling). ``grid``: the latent's size per tiled axis."""
+        caps, r = self.caps, self.caps.spatial_ratio
+        out_device = torch.device(out_device or "cpu")
+        latent_units, pixel_units = self._scales()
+        ins_u, outs_u = (latent_units, pixel_units) if decode else (pixel_units, latent_units)
+        channels = caps.image_channels if decode else caps.latent_channels
+        plans = self._plans(grid, tile, overlap, tile_frames, overlap_frames)
+        chunk = self._stream_chunk(grid[0], tile_frames, caps.stream_decode if decode else caps.stream_encode)
+        if chunk:
+            split = streaming.decode_chunks if decode else streaming.encode_chunks
+            ins, outs = split(grid[0], chunk, caps.temporal_ratio)
+        cores = self._exact_cores(grid[-2:], tile) if mode == "exact" else None
+        if cores:
+            units = (1, r) if decode else (r, 1)
+            return g.whole(lambda f, m: exact.run_exact(f, m, x, cores, *units, out_device,
+                                                        chunks=(ins, outs) if chunk else None, progress=progress))
+        if chunk:
+            frames = self.frames_for(grid[0]) if decode else grid[0]
+            return streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, x, ins, outs, plans[1:],
+                                          ins_u[1:], outs_u[1:], channels, frames, out_device, progress)
+        return tiling.run_tiled(g.tiled(plans), x, plans, ins_u, outs_u, channels, out_device, progress=progress)
+
+    def _oom_retry(self, op: str, tile: Tile, grid: tuple[int, int], r: int, run) -> torch.Tensor:
+        """``run(tile)``; when the device runs out of memory, again with spatial tiles of half the size
+        (down to 4 latent pixels), as core falls back to tiles. Said in the log each time."""
+        while True:
+            try:
+                return run(tile)
+            except Exception as e:        # noqa: BLE001 - only out-of-memory errors are retried
+                if not _out_of_memory(e):
+                    raise
+                sizes = tile if isinstance(tile, (tuple, list)) else (tile or 0,) * 2
+                now = [t or max(grid) * r for t in sizes]                # untiled: the longer side
+                smaller = tuple(max(4 * r, t // 2 // r * r) for t in now)
+                if smaller == tuple(now):
+                    raise
+                log.warning("VAEKit %s: out of memory with %s tiles; retrying with %dx%d px tiles",
+                            op, "no" if not tile else f"{now[1]}x{now[0]} px", smaller[1], smaller[0])
+                del e
+                _free_memory(self.device)
+                tile = smaller
 
     def _exact_cores(self, grid: tuple[int, ...], tile: Tile) -> Optional[list]:
         """Exact mode's tile cores per spatial axis (latent units), or None when one tile covers it.
@@ -235,6 +283,28 @@ class VAE:
         chunk = max(1, tile_frames // self.caps.temporal_ratio) if tile_frames else self.caps.stream_chunk
         return chunk if tiling.needs_tiling(latent_frames, chunk) else 0
 
+    def memory_needed(self, shape: tuple[int, ...], op: str = "decode", tile: Tile = None,
+                      overlap: Optional[int] = None, tile_frames: Optional[int] = None,
+                      overlap_frames: Optional[int] = None) -> Optional[int]:
+        """Device bytes a call on an input of ``shape`` needs at once (one tile of one chunk), measured
+        on the meta device (vae/memory.py); None if it cannot be measured. For memory managers."""
+        caps, r = self.caps, self.caps.spatial_ratio
+        px = 1 if op == "decode" else r
+        grid = [n // px for n in shape[-2:]]
+        if self.is_video:
+            t = shape[2] if op == "decode" else (shape[2] - 1) // caps.temporal_ratio + 1
+            grid.insert(0, t)
+        plans = self._plans(tuple(grid), tile, overlap, tile_frames, overlap_frames)
+        unit, chunk = [max(b - a for a, b in p.spans) * px for p in plans[-2:]], 0
+        if self.is_video:
+            chunk = self._stream_chunk(grid[0], tile_frames, caps.stream_decode if op == "decode" else caps.stream_encode)
+            # a later chunk: its frames plus the one before it the causal convs see (the first is smaller)
+            frames = chunk + 1 if chunk else max(b - a for a, b in plans[0].spans)
+            unit.insert(0, frames if op == "decode" else 1 + caps.temporal_ratio * (frames - 1))
+        channels = caps.latent_channels if op == "decode" else caps.image_channels
+        streamed = self.is_video and bool(chunk)
+        return memory.working_set(self.model, op, (shape[0], channels, *unit), self.dtype, streamed)
+
     def temporal_tile(self, frames: Optional[int]) -> Optional[int]:
         """A node's temporal tile size (pixel frames) as the frames to run at a time: a model that
         streams in its own chunks (``stream_chunk``) takes no more at once than that, since a longer
@@ -254,7 +324,6 @@ class VAE:
         _check_mode(mode)
         lo, hi = self.caps.value_range
         r = self.caps.spatial_ratio
-        latent_units, pixel_units = self._scales()
 
         def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
             model = self.model if model is None else model      # the NaN guard's upcast copy
@@ -263,20 +332,22 @@ class VAE:
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:
             grid = ((x.shape[2] - 1) // self.caps.temporal_ratio + 1,) + grid
-        plans = self._plans(grid, tile, overlap, tile_frames, overlap_frames)
-        out_device = torch.device(out_device or "cpu")
         with torch.inference_mode(), guard.Guard(self, "encode", fn) as g:
-            chunk = self._stream_chunk(grid[0], tile_frames, self.caps.stream_encode)
-            ins, outs = streaming.encode_chunks(grid[0], chunk, self.caps.temporal_ratio) if chunk else (0, 0)
-            cores = self._exact_cores(grid[-2:], tile) if mode == "exact" else None
-            if cores:
-                z = g.whole(lambda f, m: exact.run_exact(f, m, x, cores, r, 1, out_device,
-                                                         chunks=(ins, outs) if chunk else None, progress=progress))
-            elif chunk:
-                z = streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, x, ins, outs, plans[1:],
-                                           (r, r), (1, 1),
-                                           self.caps.latent_channels, grid[0], out_device, progress)
-            else:
-                z = tiling.run_tiled(g.tiled(plans), x, plans, pixel_units, latent_units, self.caps.latent_channels,
-                                     out_device, progress=progress)
+            z = self._oom_retry("encode", tile, grid[-2:], r, lambda t: self._engine(
+                g, x, grid, t, overlap, tile_frames, overlap_frames, mode, False, progress, out_device))
+            if hasattr(self.model, "finish_encode"):     # whole-latent steps after tiling (Flux.2's BatchNorm)
+                z = self.model.finish_encode(z)
+            guard.require_finite(self, z, "encode", x, {}, "pixels")
             return latents.pack(z, self.caps.latent_pack)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """A device (CUDA) or host (CPU allocator) out-of-memory error."""
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e)))
+
+
+def _free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

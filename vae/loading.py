@@ -2,7 +2,12 @@
 
 .safetensors are memory-mapped; .pth/.pt/.ckpt/.bin go through ``torch.load(weights_only=True)``
 only, so a pickle that would run code is refused, never executed. A file is validated before any
-tensor is used, so a corrupt file fails with a message and no half-built model."""
+tensor is used, so a corrupt file fails with a message and no half-built model.
+
+A full checkpoint (a diffusion model with its VAE under ``vae.`` / ``first_stage_model.``, and for
+LTX-2 an audio VAE and a vocoder beside it) is read for its VAE only: of a .safetensors file, only
+the tensors under the VAE prefix are ever loaded. The file's safetensors metadata (``__metadata__``)
+reaches the families that read hyperparameters from it (``ArchSpec.reads_metadata``)."""
 from __future__ import annotations
 
 import json
@@ -10,9 +15,10 @@ import os
 import re
 import struct
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Union
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
+from safetensors import safe_open
 
 from . import registry
 from .archs.tiny import DEC, ENC
@@ -25,10 +31,12 @@ WRAPPERS = ("state_dict", "model", "module")
 PREFIXES = ("first_stage_model.", "vae.")          # full checkpoints: keep only the VAE part
 STRIP_IF_ALL = ("module.", "model.")               # training wrappers around a bare VAE
 PathLike = Union[str, os.PathLike]
+Select = Callable[[list[str]], Iterable[str]]      # the keys of a file -> the keys to read
 
 
-def _check_safetensors(path: Path) -> None:
-    """Validate the header and that the file is long enough for every tensor it declares."""
+def _check_safetensors(path: Path) -> dict:
+    """Validate the header and that the file is long enough for every tensor it declares; the
+    header (with its ``__metadata__``, if any)."""
     size = path.stat().st_size
     fix = "the file is incomplete or corrupt: download it again (compare its size or hash with the source)."
     with path.open("rb") as f:
@@ -46,18 +54,37 @@ def _check_safetensors(path: Path) -> None:
     if 8 + n + end > size:
         raise LoadError(f"'{path.name}' is truncated: its header needs {8 + n + end} bytes, the file has {size}.",
                         fix=fix)
+    return header
 
 
-def read_state_dict(path: PathLike) -> dict[str, torch.Tensor]:
+def _existing(path: PathLike) -> Path:
     path = Path(path)
     if not path.is_file():
         raise LoadError(f"no file at '{path}'.", fix="check the path, or put the file in ComfyUI's models/vae folder.")
+    return path
+
+
+def read_metadata(path: PathLike) -> dict[str, str]:
+    """A .safetensors file's ``__metadata__`` (string keys and values; empty if it has none, and for
+    pickle formats, which carry none)."""
+    path = _existing(path)
+    if path.suffix.lower() not in SAFETENSORS_SUFFIXES:
+        return {}
+    meta = _check_safetensors(path).get("__metadata__") or {}
+    return {str(k): v for k, v in meta.items() if isinstance(v, str)}
+
+
+def read_state_dict(path: PathLike, select: Optional[Select] = None) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file; ``select`` (the file's keys -> those to read) limits a
+    .safetensors read to those tensors, the rest of the file is never touched."""
+    path = _existing(path)
     suffix = path.suffix.lower()
     if suffix in SAFETENSORS_SUFFIXES:
         _check_safetensors(path)
-        from safetensors.torch import load_file
         try:
-            return load_file(str(path), device="cpu")
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                keys = list(f.keys())
+                return {k: f.get_tensor(k) for k in (select(keys) if select else keys)}
         except Exception as e:  # the library's own error types vary by version
             raise LoadError(f"'{path.name}' could not be read as safetensors ({e}).",
                             fix="download the file again.") from None
@@ -73,7 +100,8 @@ def read_state_dict(path: PathLike) -> dict[str, torch.Tensor]:
                     fix="use a .safetensors version of this VAE, or convert it in a trusted environment.") from None
             raise LoadError(f"'{path.name}' could not be read ({text.splitlines()[0] if text else type(e).__name__}).",
                             fix="the file is incomplete or not a PyTorch weights file: download it again.") from None
-        return _as_tensor_dict(obj, path.name)
+        sd = _as_tensor_dict(obj, path.name)
+        return {k: sd[k] for k in select(list(sd))} if select else sd
     raise LoadError(f"'{path.name}' has an unknown extension '{suffix}'.",
                     fix="use .safetensors (preferred), .pth, .pt, .ckpt or .bin.")
 
@@ -97,11 +125,23 @@ def _as_tensor_dict(obj, name: str) -> dict[str, torch.Tensor]:
     return {k: v for k, v in obj.items() if torch.is_tensor(v)}
 
 
+def _vae_prefix(keys: Iterable[str]) -> Optional[str]:
+    """The prefix a full checkpoint keeps its VAE under, if any (the first of ``PREFIXES`` found)."""
+    keys = list(keys)
+    return next((p for p in PREFIXES if any(k.startswith(p) for k in keys)), None)
+
+
+def vae_keys(keys: list[str]) -> list[str]:
+    """Of a file's keys, those a VAE load reads: a full checkpoint's VAE part, else all."""
+    prefix = _vae_prefix(keys)
+    return [k for k in keys if k.startswith(prefix)] if prefix else keys
+
+
 def unwrap(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Keep the VAE part of a full checkpoint and strip wrapper prefixes."""
-    for prefix in PREFIXES:
-        if any(k.startswith(prefix) for k in sd):
-            return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    prefix = _vae_prefix(sd)
+    if prefix:
+        return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
     for prefix in STRIP_IF_ALL:
         if sd and all(k.startswith(prefix) for k in sd):
             return {k[len(prefix):]: v for k, v in sd.items()}
@@ -135,7 +175,7 @@ def pair_paths(path: PathLike) -> list[Path]:
 
 def read_vae_files(paths: Sequence[PathLike]) -> dict[str, torch.Tensor]:
     if len(paths) == 1:
-        return unwrap(read_state_dict(paths[0]))
+        return unwrap(read_state_dict(paths[0], select=vae_keys))
     sd: dict[str, torch.Tensor] = {}
     for p in paths:
         part = PAIR.match(Path(p).name)["part"]
@@ -146,11 +186,17 @@ def read_vae_files(paths: Sequence[PathLike]) -> dict[str, torch.Tensor]:
 
 def from_state_dict(sd: Mapping[str, torch.Tensor], name_hint: Optional[str] = None,
                     source: str = "state dict", dtype: Optional[torch.dtype] = None,
-                    device: Union[str, torch.device, None] = None) -> VAE:
+                    device: Union[str, torch.device, None] = None,
+                    metadata: Optional[Mapping[str, str]] = None) -> VAE:
+    """``metadata``: the file's safetensors metadata, for families whose files carry hyperparameters
+    there (LTX-2's ``config``); the others read everything from the weights."""
     sd = unwrap(sd)
     spec = registry.detect(sd, source)
     sd = spec.to_canonical(sd)
-    config = spec.config_from_state_dict(sd, name_hint)
+    if spec.reads_metadata:
+        config = spec.config_from_state_dict(sd, name_hint, metadata=dict(metadata or {}))
+    else:
+        config = spec.config_from_state_dict(sd, name_hint)
     sd = spec.complete_state_dict(sd, config)
     with torch.device("meta"):
         model = spec.build(config)
@@ -179,5 +225,7 @@ def load(path: PathLike, dtype: Optional[torch.dtype] = None, device=None,
     """Load a VAE file (or a TAESD encoder/decoder pair given by either file or the stem)."""
     paths = pair_paths(path)
     sd = read_vae_files(paths)
+    metadata = read_metadata(paths[0]) if len(paths) == 1 else {}
     hint = name_hint or Path(path).name
-    return from_state_dict(sd, name_hint=hint, source=f"'{Path(path).name}'", dtype=dtype, device=device)
+    return from_state_dict(sd, name_hint=hint, source=f"'{Path(path).name}'", dtype=dtype, device=device,
+                           metadata=metadata)

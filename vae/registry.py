@@ -5,15 +5,16 @@ from typing import Mapping
 
 import torch
 
-from .archs import consistency, hunyuan_video, hunyuan_video15, kl, ltx, magvit, mochi, tiny, wan
+from .archs import consistency, flux2, hunyuan_video, hunyuan_video15, kl, ltx, magvit, mochi, tiny, wan
 from .errors import LoadError
 from .spec import ArchSpec
 
 # Order settles overlaps: the most specific key patterns first.
 # Mochi before TAESD: genmo's encoder keys (`encoder.layers.0.weight`) also match tiny.detect.
 # Consistency before KL: its encoder is SD's KL encoder (`decoder_unet.` / OpenAI names tell it apart).
-REGISTRY: tuple[ArchSpec, ...] = (consistency.SPEC, wan.SPEC, mochi.SPEC, tiny.SPEC, kl.SPEC, ltx.SPEC, magvit.SPEC,
-                                  hunyuan_video.SPEC, hunyuan_video15.SPEC)
+# Flux.2 before KL: it is a KL layout plus the latent BatchNorm's `bn.*` (kl.detect alone would claim it).
+REGISTRY: tuple[ArchSpec, ...] = (consistency.SPEC, wan.SPEC, mochi.SPEC, tiny.SPEC, flux2.SPEC, kl.SPEC, ltx.SPEC,
+                                  magvit.SPEC, hunyuan_video.SPEC, hunyuan_video15.SPEC)
 
 
 def detect(sd: Mapping[str, torch.Tensor], source: str = "state dict") -> ArchSpec:

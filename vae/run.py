@@ -11,12 +11,16 @@ fails or is interrupted leaves nothing behind, because its state goes with its c
 - ``Run.exact``: the exact-tiling hooks of the tile this thread runs (vae/exact.py): GroupNorm
   statistics and the ``Seam`` modules (re-cut points and whole-tensor modules) call into it.
 
-Compiled graphs do not read the context (dynamo cannot trace ``ContextVar.get``): inside a graph a
-module runs as outside any stream or exact run, and the compiled handle runs those eagerly.
+Compiled graphs (vae/compile.py): dynamo cannot trace ``ContextVar.get``. While no stream runs in
+the process, a graph reads no run state (``current()`` is the idle run, so nothing breaks the graph).
+While one does, the state is read eagerly at a graph break (``_state``), so a streamed chunk through a
+compiled model still uses its own stream's caches: correct in every thread, with the graph split at the
+stateful modules. Exact runs are never compiled (their tiles pause inside the model).
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Optional
@@ -31,34 +35,50 @@ class Run:
     exact: Any = None                  # the exact-tiling hooks of this thread's tile (vae/exact.py)
 
 
-_RUN: ContextVar[Run] = ContextVar("vaekit_run", default=Run())
+_IDLE = Run()
+_RUN: ContextVar[Run] = ContextVar("vaekit_run", default=_IDLE)
+# whether any run with state is under way in the process: a module global bool, so that dynamo guards on
+# it (two graph variants at most); _ACTIVE counts them
+_STATEFUL = False
+_ACTIVE = 0
+_ACTIVE_LOCK = threading.Lock()
+
+
+@torch.compiler.disable
+def _state() -> Run:
+    return _RUN.get()
 
 
 def current() -> Run:
-    if torch.compiler.is_compiling():
-        return Run()
-    return _RUN.get()
+    if torch.compiler.is_compiling() and not _STATEFUL:
+        return _IDLE
+    return _state()
 
 
 @contextlib.contextmanager
 def using(run: Run) -> Iterator[Run]:
     """Install ``run`` for this thread's context until the block ends."""
+    global _ACTIVE, _STATEFUL
     token = _RUN.set(run)
+    stateful = run.memory is not None or run.exact is not None
+    if stateful:
+        with _ACTIVE_LOCK:
+            _ACTIVE += 1
+            _STATEFUL = True
     try:
         yield run
     finally:
         _RUN.reset(token)
+        if stateful:
+            with _ACTIVE_LOCK:
+                _ACTIVE -= 1
+                _STATEFUL = _ACTIVE > 0
 
 
 def stream(memory: Optional[dict] = None):
     """Run the calls in the block as consecutive chunks of one clip; ``memory`` (a new dict if None)
     holds the stream's state. Leaving the block ends the stream (its state is dropped with the dict)."""
     return using(replace(current(), memory={} if memory is None else memory))
-
-
-def whole():
-    """Run the block as whole clips (no stream), e.g. a probe pass inside a streamed call."""
-    return using(replace(current(), memory=None))
 
 
 def streaming() -> bool:
@@ -83,6 +103,19 @@ class Streamable:
         if memory is not None:
             memory[self] = value
 
+    def first_chunk(self, starts: bool = True) -> bool:
+        """Whether this call is the clip's start for this module: always outside a stream; in a stream
+        until a call that ``starts`` it (e.g. one that produced frames) has been made. One read of the
+        run state (one graph break in a compiled stream)."""
+        memory = current().memory
+        if memory is None:
+            return True
+        if memory.get(self):
+            return False
+        if starts:
+            memory[self] = True
+        return True
+
 
 class Seam:
     """Mixin for modules where exact tiling synchronises its tiles: class attribute ``exact_whole``
@@ -90,7 +123,7 @@ class Seam:
     an exact run the module is called as usual."""
 
     def __call__(self, x, *args, **kwargs):
-        exact = current().exact
+        exact = None if torch.compiler.is_compiling() else current().exact    # exact runs are eager
         if exact is None:
             return super().__call__(x, *args, **kwargs)
         return exact.seam(self, x, lambda y: super(Seam, self).__call__(y, *args, **kwargs))

@@ -62,3 +62,6 @@ class ArchSpec:
     describe: Callable[[Any], str] = field(default=lambda cfg: "")
     # adds tensors that the file format leaves implicit (e.g. TAESD's scale/shift, known by name)
     complete_state_dict: Callable[[dict, Any], dict] = field(default=lambda sd, cfg: sd)
+    # config_from_state_dict also takes ``metadata=`` (the file's safetensors metadata, {} if none):
+    # for families whose files carry hyperparameters the weights cannot tell (LTX-2's ``config``)
+    reads_metadata: bool = False

@@ -56,6 +56,23 @@ def test_video_errors_name_node_input_and_fix(pack, video):
     dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
     with pytest.raises(Exception, match=r"Tiled Decode \(VAEKit\): input 'samples': .*video VAE.*Fix:"):
         dec.decode({"samples": torch.randn(1, 4, 8, 8)}, video)
+    with pytest.raises(Exception, match=r"the clip has 10 frames.*Fix: use 9"):      # the library is strict
+        video.handle.encode(torch.rand(1, 3, 10, 16, 16))
+
+
+def test_image_batches_are_cut_to_whole_frame_groups_as_core_does(pack, video, headless, caplog):
+    """Core's VAE Encode gives N images 1 + (N-1)//r latent frames (the extra ones are dropped): the
+    node and our VAE in core's node do the same, and say so in the log."""
     enc = pack.NODE_CLASS_MAPPINGS["VAEKitTiledEncode"]()
-    with pytest.raises(Exception, match=r"Tiled Encode \(VAEKit\): input 'pixels': the clip has 10 frames.*Fix: use 9"):
-        enc.encode(torch.rand(10, 16, 16, 3), video)
+    frames = torch.rand(12, 16, 16, 3)
+    with caplog.at_level("WARNING", logger="VAEKit"):
+        (latent,) = enc.encode(frames, video, tile_size=64, overlap=32, temporal_size=64, temporal_overlap=4)
+    assert latent["samples"].shape[2] == 3 and "the last 3 are dropped" in caplog.text
+    (nine,) = enc.encode(frames[:9], video, tile_size=64, overlap=32, temporal_size=64, temporal_overlap=4)
+    assert torch.equal(latent["samples"], nine["samples"])
+    (core,) = headless.VAEEncode().encode(frames, video)
+    assert torch.allclose(core["samples"], nine["samples"], atol=1e-6)
+    # core's newer nodes ask for every image as its own one-frame clip
+    each = video.encode(frames[:2], not_video=True)
+    assert each.shape == (2, 4, 1, 2, 2)
+    assert torch.allclose(each[1:], video.encode(frames[1:2]), atol=1e-6)

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 import vae
-from helpers import diffusers_kl, diffusers_tiny
+from helpers import diffusers_kl, diffusers_tiny, pointwise_video_vae
 
 
 class RunsCode:
@@ -67,6 +67,16 @@ def test_flux_latent_into_sd_vae(sd_vae):
         sd_vae.decode(torch.randn(1, 16, 8, 8))
     msg = str(e.value)
     assert "input 'samples'" in msg and "16 channels" in msg and "takes 4" in msg and "Fix:" in msg
+
+
+def test_128_channels_named_by_the_latents_rank(sd_vae):
+    """128 channels are Flux.2's packed image latents or LTX's video latents: the rank tells which."""
+    with pytest.raises(vae.InputError, match=r"128 channels \(as Flux.2 \(packed\) latents do\)"):
+        sd_vae.decode(torch.randn(1, 128, 4, 4))
+    with pytest.raises(vae.InputError, match=r"128 channels \(as LTX-Video/LTX-2 latents do\)"):
+        sd_vae.decode(torch.randn(1, 128, 1, 4, 4))          # one latent frame of a video
+    with pytest.raises(vae.InputError, match=r"128 channels \(as LTX-Video/LTX-2 latents do\).*takes 12"):
+        pointwise_video_vae(channels=12).decode(torch.randn(1, 128, 2, 2, 2))
 
 
 def test_image_sides_not_multiple_of_ratio(sd_vae):

@@ -176,13 +176,29 @@ def test_bad_options_are_named():
             compile_vae(v, **kw)
 
 
+def test_streamed_chunks_run_compiled_with_their_own_caches():
+    """Wan streams every decode (one latent frame a chunk, as its reference): the compiled handle
+    runs those chunks through graphs, each stream's caches read at graph breaks, with the eager
+    result, also frame-wise with larger chunks and for encode."""
+    from video_families import tiny_state_dict
+    v = vae.from_state_dict(tiny_state_dict("wan"))
+    c, _ = compile_vae(v, backend="eager")
+    z, x = torch.randn(1, 16, 3, 2, 2), torch.rand(1, 3, 5, 16, 16)
+    assert (c.decode(z) - v.decode(z)).abs().max() <= 1e-6
+    assert c.graph_count("decode") >= 1
+    assert (c.decode(z, tile_frames=8) - v.decode(z, tile_frames=8)).abs().max() <= 1e-6   # graphs reused
+    assert (c.encode(x) - v.encode(x)).abs().max() <= 1e-6 and c.graph_count("encode") >= 1
+
+
 # ---- slow: inductor on CPU ------------------------------------------------------------------------
 
 def _families():
     from video_families import FAMILIES, tiny_state_dict
     from helpers import diffusers_tiny
+    import diffusers_flux2
     out = {"kl": lambda: tiny_kl(3), "taesd": lambda: vae.from_state_dict(diffusers_tiny().state_dict(),
-                                                                         name_hint="taesd")}
+                                                                         name_hint="taesd"),
+           "flux2": lambda: vae.from_state_dict(diffusers_flux2.model().state_dict())}
     out.update({f: (lambda f=f: vae.from_state_dict(tiny_state_dict(f))) for f in FAMILIES})
     consistency = Path(__file__).with_name("test_consistency.py")     # its tiny config, if the family is in
     if consistency.is_file():
@@ -194,8 +210,9 @@ def _families():
 
 
 FAMILY_INPUTS = {"mochi": ((1, 12, 2, 3, 3), (1, 3, 7, 24, 24)), "ltx": ((1, 16, 2, 2, 2), (1, 3, 9, 64, 64)),
+                 "ltx2": ((1, 16, 2, 2, 2), (1, 3, 9, 64, 64)),
                  "hunyuan_video": ((1, 16, 2, 3, 3), (1, 3, 5, 24, 24)),
-                 "magvit": ((1, 16, 2, 3, 3), (1, 3, 5, 24, 24)),
+                 "magvit": ((1, 16, 2, 3, 3), (1, 3, 5, 24, 24)), "wan": ((1, 16, 3, 3, 3), (1, 3, 9, 24, 24)),
                  "hunyuan_video15": ((1, 32, 3, 2, 2), (1, 3, 5, 32, 32))}
 
 

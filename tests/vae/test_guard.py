@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from vae import from_state_dict, guard
+from vae import NonFiniteError, from_state_dict, guard
 from vae.archs import kl
 from vae.handle import VAE
 from helpers import module_attrs
@@ -157,3 +157,44 @@ def test_streamed_decode_replays_the_tile_stream_upcast(caplog):
     assert rec.streamed and rec.tiles == ((0, 1),) and rec.total == 2
     assert "1 of 2 spatial tiles overflowed in float16 and were re-streamed" in caplog.text
     assert module_attrs(v16.model) == attrs
+
+
+# ---- no silent NaN: what the guard cannot fix is an error with its likely cause ------------------
+
+def test_fp32_nan_weights_are_named_not_returned():
+    v32, _ = _kl_pair()
+    sd = v32.state_dict()
+    sd["decoder.mid.block_1.conv1.weight"][0, 0, 0, 0] = float("nan")
+    v = from_state_dict(sd)
+    with pytest.raises(NonFiniteError, match=r"input 'vae'.*decoder\.mid\.block_1\.conv1\.weight.*Fix: the VAE file is damaged"):
+        v.decode(_latent())
+
+
+def test_an_overflowing_latent_is_named():
+    v32, _ = _kl_pair()
+    z = _latent() * 1e36                 # finite, but the decoder's activations overflow float32
+    assert torch.isfinite(z).all()
+    with pytest.raises(NonFiniteError, match=r"input 'samples'.*values reach .*e\+3\d.*Fix: check the sampler"):
+        v32.decode(z)
+
+
+def test_a_nan_decode_option_is_named():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("_ltx_tiny", Path(__file__).with_name("test_ltx.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    v = from_state_dict(mod._tiny("0.9.1").state_dict())
+    with pytest.raises(NonFiniteError, match=r"input 'timestep'.*'timestep' is nan"):
+        v.decode(torch.randn(1, v.caps.latent_channels, 2, 2, 2), timestep=float("nan"))
+
+
+def test_half_precision_that_stays_broken_upcast_is_an_error(caplog):
+    """NaN weights overflow in every precision: the guard recomputes in float32, then the call fails
+    (it used to log 'STILL NOT FINITE' and return the NaNs)."""
+    v32, _ = _kl_pair()
+    sd = v32.state_dict()
+    sd["decoder.conv_out.bias"][:] = float("inf")
+    v16 = from_state_dict(sd, dtype=torch.float16)
+    with pytest.raises(NonFiniteError, match="input 'vae'.*conv_out.bias"):
+        v16.decode(_latent())

@@ -84,3 +84,21 @@ def test_sd_shape_parity_full_size():
     z = torch.randn(1, 4, 16, 16)
     with torch.no_grad():
         assert (ours.model.decode(z) - ref.decode(z).sample).abs().max() <= 1e-4
+
+
+def test_a_narrower_decoder_is_read_from_its_own_weights():
+    """Encoder and decoder widths are independent (as core's newest KL loader allows: FLUX.2's small
+    decoders); a decoder with another number of levels is not this encoder's."""
+    from vae.archs import kl
+    cfg = kl.KLConfig(ch=32, ch_mult=(1, 2), num_res_blocks=1, z_channels=4, embed_dim=4,
+                      decoder_widths=(32, 64 + 32), decoder_res_blocks=2)
+    torch.manual_seed(0)
+    sd = kl.AutoencoderKL(cfg).state_dict()
+    v = vae.from_state_dict(sd)
+    assert v.config == cfg
+    assert v.decode(torch.randn(1, 4, 3, 3)).shape == (1, 3, 6, 6)
+    three = kl.AutoencoderKL(kl.KLConfig(ch=32, ch_mult=(1, 1, 1), num_res_blocks=1, z_channels=4, embed_dim=4))
+    mixed = {**{k: t for k, t in sd.items() if not k.startswith("decoder.")},
+             **{k: t for k, t in three.state_dict().items() if k.startswith("decoder.")}}
+    with pytest.raises(vae.LoadError, match="2 resolution levels but the decoder 3"):
+        vae.from_state_dict(mixed)

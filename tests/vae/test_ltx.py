@@ -10,18 +10,14 @@ GLOBAL torch RNG. Our model draws it from a generator seeded with ltx.inject_see
 test seeds the global RNG with that value right before diffusers' decode, so both draw the same fields."""
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from safetensors.torch import save_file
 
 import vae
-from helpers import jitter_norms
+from ltx_common import assert_encoder_streams, meta_state_dict, original_layout, randomize, script_rename, stats
 from vae import registry
 from vae.archs import ltx, ltx_layout
-from vae.errors import LoadError
-from vae import run
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -59,19 +55,7 @@ PARAMS = {"0.9.0": 419_193_649, "0.9.1": 934_976_434, "0.9.5": 1_246_913_522}   
 
 def _tiny(version: str):
     torch.manual_seed(0)
-    m = diffusers.AutoencoderKLLTXVideo(latent_channels=LATENT, **TINY[version])
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():   # non-trivial statistics and noise scales (both default to no-ops)
-        m.latents_mean.copy_(torch.randn(LATENT, generator=g) * 0.5)
-        m.latents_std.copy_(torch.rand(LATENT, generator=g) + 0.5)
-        for name, p in m.named_parameters():
-            if "per_channel_scale" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    return jitter_norms(m).eval()
-
-
-def _stats(ref):
-    return ref.latents_mean.view(1, -1, 1, 1, 1), ref.latents_std.view(1, -1, 1, 1, 1)
+    return randomize(diffusers.AutoencoderKLLTXVideo(latent_channels=LATENT, **TINY[version]), LATENT)
 
 
 def zero_padded(v):
@@ -107,7 +91,7 @@ def test_decode_encode_match_diffusers(pair):
     assert (caps.latent_channels, caps.spatial_ratio, caps.temporal_ratio) == (LATENT, 32, 8)
     assert caps.norm == "rms" and not caps.has_attention and caps.causal_encoder and not caps.causal_decoder
     assert caps.decode_options == (("timestep", "noise_scale", "seed") if conditioned else ())
-    mean, std = _stats(ref)
+    mean, std = stats(ref)
     z = torch.randn(2, LATENT, 2, 2, 1)
     x = torch.rand(2, 3, 9, 64, 32) * 2 - 1
     t = torch.tensor([0.05, 0.4])
@@ -159,21 +143,6 @@ def test_injected_noise_is_seeded():
 
 # ---- key layouts -----------------------------------------------------------------------------
 
-def _original(canonical: dict) -> dict:
-    """The Lightricks original / ComfyUI layout, rebuilt from ComfyUI's source facts (independent of
-    ltx_layout.to_original): CausalConv3d holds an inner ``conv``, the shortcut is a plain 1x1x1 conv,
-    the shortcut LayerNorm sits in a wrapper's ``norm``, and five statistics buffers are stored."""
-    out = {}
-    for k, v in canonical.items():
-        if re.search(r"(conv_in|conv_out|conv1|conv2|down_blocks\.\d+|\.conv)\.(weight|bias)$", k):
-            k = re.sub(r"\.(weight|bias)$", r".conv.\1", k)
-        out[k.replace(".norm3.", ".norm3.norm.")] = v
-    n = canonical[ltx_layout.STD].shape[0]
-    for extra in ("mean-of-stds", "mean-of-stds_over_std-of-means", "channel"):
-        out[f"per_channel_statistics.{extra}"] = torch.zeros(n)
-    return out
-
-
 # diffusers scripts/convert_ltx_to_diffusers.py: original -> diffusers renames (applied as str.replace
 # in dict order), per version; 0.9.1 and 0.9.5 update the 0.9.0 table.
 _SCRIPT_090 = {
@@ -203,23 +172,12 @@ SCRIPT = {"0.9.0": _SCRIPT_090, "0.9.1": {**_SCRIPT_090, **_UP_091},
           "0.9.5": {**_SCRIPT_090, **_UP_091, **_DOWN_095}}
 
 
-def _script_rename(original: dict, version: str) -> set[str]:
-    out = set()
-    for k in original:
-        if k.startswith(ltx_layout.STATS) and k not in (ltx_layout.MEAN, ltx_layout.STD):
-            continue                                  # the script drops these
-        for a, b in SCRIPT[version].items():
-            k = k.replace(a, b)
-        out.add(k)
-    return out
-
-
 def test_original_layout_is_what_diffusers_converts_from(pair):
     """Our canonical numbering, wrapped as the original, converts to diffusers' exact key set with
     the conversion script's own tables; ltx_layout.to_original writes the same layout."""
     version, ref, ours = pair
-    original = _original(ours.state_dict())
-    assert _script_rename(original, version) == set(ref.state_dict())
+    original = original_layout(ours.state_dict())
+    assert script_rename(original, SCRIPT[version]) == set(ref.state_dict())
     unused = {k for k in original if k.startswith(ltx_layout.STATS) and k not in (ltx_layout.MEAN, ltx_layout.STD)}
     assert set(ltx_layout.to_original(ours.state_dict())) == set(original) - unused
 
@@ -229,7 +187,7 @@ def test_every_layout_gives_identical_output(pair, tmp_path):
     read from disk, decodes and encodes as the diffusers-loaded model does."""
     version, ref, ours = pair
     canonical = ours.state_dict()
-    original = _original(canonical)
+    original = original_layout(canonical)
     transformer = {"model.diffusion_model.transformer_blocks.0.attn1.to_q.weight": torch.zeros(4, 4)}
     layouts = {
         "diffusers": ref.state_dict(),
@@ -253,14 +211,9 @@ def test_every_layout_gives_identical_output(pair, tmp_path):
     assert (loaded.encode(x) - ours.encode(x)).abs().max() <= 1e-5
 
 
-def _meta_state_dict(cls, **kw) -> dict:
-    with torch.device("meta"):
-        return cls(**kw).state_dict()
-
-
 @pytest.mark.parametrize("version", VERSIONS)
 def test_published_configs_detected(version):
-    sd = _meta_state_dict(diffusers.AutoencoderKLLTXVideo, **PUBLISHED[version])
+    sd = meta_state_dict(diffusers.AutoencoderKLLTXVideo, **PUBLISHED[version])
     assert ltx_layout.detect(sd)
     canonical = ltx.SPEC.to_canonical(sd)
     cfg = ltx.config_from_state_dict(canonical)
@@ -299,7 +252,7 @@ def test_other_families_are_not_ltx():
         "magvit": (diffusers.AutoencoderKLMagvit, {}),
     }
     for name, (cls, kw) in models.items():
-        sd = _meta_state_dict(cls, **kw)
+        sd = meta_state_dict(cls, **kw)
         assert not ltx_layout.detect(sd), name
         for spec in registry.REGISTRY:        # and their own canonical layouts
             if spec is not ltx.SPEC and spec.detect(sd):
@@ -308,25 +261,12 @@ def test_other_families_are_not_ltx():
                                   "decoder.conv_in.conv.weight": torch.zeros(1, 1, 3, 3, 3)})
 
 
-def test_ltx2_is_refused_with_a_clear_error():
-    sd = _meta_state_dict(diffusers.AutoencoderKLLTX2Video)
-    with pytest.raises(LoadError, match="LTX-2"):
-        vae.from_state_dict(sd)
-
-
 # ---- time ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("version", ("0.9.0", "0.9.5"))
 def test_encoder_streams_chunk_by_chunk(version):
     """Causal encoder: 1 + 8 frames, then 8 at a time, give the latents of one pass."""
-    m = vae.from_state_dict(_tiny(version).state_dict()).model
-    x = torch.rand(1, 3, 25, 32, 32) * 2 - 1
-    with torch.no_grad():
-        whole = m.encode(x)
-        with run.stream():
-            parts = [m.encode(x[:, :, a:b]) for a, b in ((0, 9), (9, 17), (17, 25))]
-    assert [p.shape[2] for p in parts] == [2, 1, 1]
-    assert (torch.cat(parts, 2) - whole).abs().max() <= 1e-5
+    assert_encoder_streams(vae.from_state_dict(_tiny(version).state_dict()).model)
 
 
 def test_decoder_is_not_causal():

@@ -44,7 +44,7 @@ def _consistency() -> vae.VAE:
 def _run(v: vae.VAE, decode: bool = True) -> list[torch.Tensor]:
     """Encode (and decode) small inputs: both sides' attention blocks run."""
     g = torch.Generator().manual_seed(5)
-    r, c = v.caps.spatial_ratio, v.caps.latent_channels
+    r, c = v.caps.spatial_ratio_packed, v.caps.latent_channels      # images: whole packed latent pixels
     if v.is_video:      # one frame to encode (cheap), two latent frames to decode (frame-causal attention)
         x, z = torch.rand(1, 3, 1, 2 * r, 2 * r, generator=g), torch.randn(1, c, 2, 2, 2, generator=g)
     else:
@@ -52,7 +52,12 @@ def _run(v: vae.VAE, decode: bool = True) -> list[torch.Tensor]:
     return [v.encode(x)] + ([v.decode(z)] if decode else [])
 
 
-FUSABLE = {"kl": (_kl, 2), "magvit_v5": (_magvit_v5, 2),
+def _flux2() -> vae.VAE:
+    import diffusers_flux2
+    return vae.from_state_dict(diffusers_flux2.model().state_dict())
+
+
+FUSABLE = {"kl": (_kl, 2), "flux2": (_flux2, 2), "magvit_v5": (_magvit_v5, 2),
            "hunyuan_video": (lambda: vae.from_state_dict(tiny_state_dict("hunyuan_video")), 2),
            "consistency": (_consistency, 1)}     # its KL encoder's mid block; the UNet has no attention
 

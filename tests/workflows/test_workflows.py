@@ -2,6 +2,7 @@
 links), its UI and API files are the same graph, and the API graphs run headless."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -19,8 +20,11 @@ DEMO = ROOT / "vae" / "demo"
 # the video workflows' VAE files and latents: tiny random-weight models under the names the graphs use
 VIDEO = {json.loads(p.read_text())["1"]["inputs"]["vae_name"]: p.stem.split("_decode_")[1][: -len("_api")]
          for p in API if p.name.startswith("video_")}
-VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "hunyuan_video": (16, 10, 4, 4), "magvit": (16, 10, 4, 4),
-                "hunyuan_video15": (32, 10, 3, 3)}
+VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "ltx2": (16, 14, 2, 2), "hunyuan_video": (16, 10, 4, 4),
+                "magvit": (16, 10, 4, 4), "wan": (16, 10, 4, 4), "hunyuan_video15": (32, 10, 3, 3)}
+# image graphs whose VAE is a video family's (Qwen-Image runs on a Wan 2.1-architecture VAE)
+IMAGE_WITH_VIDEO_VAE = {"qwen_image_vae.safetensors": "wan"}
+FLUX2 = "flux2-vae.safetensors"        # a random-weight Flux.2 VAE at the published ratio (8, 16 packed), narrow
 
 
 @pytest.fixture
@@ -40,11 +44,19 @@ def video_dirs(comfy_dirs):
 
     from vaekit.vae.latents import write_latent_file
     g = torch.Generator().manual_seed(0)
-    for name, family in VIDEO.items():
+    for name, family in {**VIDEO, **IMAGE_WITH_VIDEO_VAE}.items():
         save_file(tiny_state_dict(family), str(comfy_dirs / "models" / "vae" / name))
-        write_latent_file(comfy_dirs / "input" / f"{family}_sample.latent",
-                          torch.randn(1, *VIDEO_LATENT[family], generator=g))
+        if name in VIDEO:
+            write_latent_file(comfy_dirs / "input" / f"{family}_sample.latent",
+                              torch.randn(1, *VIDEO_LATENT[family], generator=g))
+    save_file(_flux2_weights(), str(comfy_dirs / "models" / "vae" / FLUX2))
     return comfy_dirs
+
+
+@functools.lru_cache(maxsize=1)
+def _flux2_weights() -> dict:
+    import diffusers_flux2
+    return {k: v.contiguous() for k, v in diffusers_flux2.model(widths=(32,) * 4, latent=32).state_dict().items()}
 
 
 def test_every_api_workflow_has_a_ui_twin():
@@ -133,8 +145,8 @@ def _expected(v, z, family, dec):
     if "frames_per_chunk" in dec:
         return v.decode(z, tile=dec["tile_size"] or None, overlap=dec["tile_overlap"],
                         tile_frames=dec["frames_per_chunk"] * r, overlap_frames=dec["overlap"] * r, **opts)
-    return v.decode(z, tile=dec["tile_size"], overlap=dec["overlap"],
-                    tile_frames=dec["temporal_size"], overlap_frames=dec["temporal_overlap"], **opts)
+    return v.decode(z, tile=dec["tile_size"], overlap=dec["overlap"], tile_frames=v.temporal_tile(dec["temporal_size"]),
+                    overlap_frames=dec["temporal_overlap"], mode=dec.get("mode", "fast"), **opts)
 
 
 @pytest.mark.parametrize("kind", ["tiled", "framewise"])
@@ -154,7 +166,7 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
         z = lib.latents.read_latent_file(video_dirs / "input" / f"{family}_sample.latent")
         v = lib.load(video_dirs / "models" / "vae" / api["1"]["inputs"]["vae_name"])
         s, r = RATIOS[family]
-        chunk = dec.get("frames_per_chunk") or dec["temporal_size"] // r
+        chunk = dec.get("frames_per_chunk") or v.temporal_tile(dec["temporal_size"]) // r
         assert z.shape[2] > chunk, "the sample latent is chunked in time"
         want = _expected(v, z, family, dec)
     finally:
@@ -164,3 +176,42 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
     for i in (0, len(pngs) // 2, len(pngs) - 1):
         frame = want[0, :, i].movedim(0, -1)      # [H, W, 3]
         assert (read_image(pngs[i]) - frame).abs().max() <= 1 / 255 + 1e-6      # PNG is 8-bit
+
+
+def test_flux2_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
+    """Load Image -> core VAE Encode (a Flux.2 reference latent: 128 channels, packed, normalised) ->
+    Tiled Decode (exact, 256 px) -> Save Image: the library's untiled round trip, to PNG rounding."""
+    from vaekit import vae as lib
+    from vaekit.nodes.headless import run_prompt
+    from vaekit.vae.imageio import read_image
+    api = json.loads((WORKFLOWS / "image_flux2_roundtrip_api.json").read_text())
+    assert api["1"]["inputs"]["vae_name"] == FLUX2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
+        v = lib.load(video_dirs / "models" / "vae" / FLUX2)
+        x = read_image(video_dirs / "input" / "vaekit_sample.png").movedim(-1, 0)[None]
+        z = v.encode(x)
+        want = v.decode(z)[0].movedim(0, -1)
+    finally:
+        torch.set_num_threads(threads)
+    assert v.spec.id == "flux2" and z.shape == (1, 128, x.shape[2] // 16, x.shape[3] // 16)
+    assert (read_image(ui["5"]["images"][0]) - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
+
+
+def test_qwen_image_roundtrip_runs_headless(pack, video_dirs):
+    """Qwen-Image's VAE (Wan 2.1 architecture): one image is a one-frame clip, its LATENT 5-D
+    [1, 16, 1, h, w] as core's Qwen-Image nodes make it; decoded back, as the library does."""
+    from vaekit import vae as lib
+    from vaekit.nodes.headless import run_prompt
+    from vaekit.vae.imageio import read_image
+    api = json.loads((WORKFLOWS / "image_qwen_roundtrip_api.json").read_text())
+    ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
+    v = lib.load(video_dirs / "models" / "vae" / "qwen_image_vae.safetensors")
+    image = read_image(video_dirs / "input" / "vaekit_sample.png").movedim(-1, 0)[None, :, None]   # [1, 3, 1, H, W]
+    z = v.encode(image)
+    assert z.shape[:3] == (1, 16, 1)
+    want = v.decode(z)[0, :, 0].movedim(0, -1)
+    (png,) = ui["5"]["images"]
+    assert (read_image(png) - want).abs().max() <= 1 / 255 + 1e-6

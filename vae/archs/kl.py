@@ -12,6 +12,7 @@ from typing import Optional
 
 from torch import nn
 
+from ..errors import LoadError
 from ..keymap import count_indices
 from ..nn.attention import SpatialSelfAttention
 from ..nn.norm import GroupNorm
@@ -35,6 +36,14 @@ class KLConfig:
     mid_attention: bool = True
     has_encoder: bool = True
     has_decoder: bool = True
+    # a decoder narrower than the encoder (Flux.2's small decoders): its own widths, read from its
+    # weights; None: ch * ch_mult, as the encoder
+    decoder_widths: Optional[tuple[int, ...]] = None
+    decoder_res_blocks: Optional[int] = None
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return tuple(self.ch * m for m in self.ch_mult)
 
 
 def _ops(cfg: KLConfig) -> ldm.Ops:
@@ -48,7 +57,7 @@ class AutoencoderKL(ldm.Autoencoder):
     decode: raw latent -> pixels in [-1, 1]. Latent scaling is the sampler's business, not ours."""
 
     def __init__(self, cfg: KLConfig):
-        widths = [cfg.ch * m for m in cfg.ch_mult]
+        widths = cfg.widths
         ops, last = _ops(cfg), len(widths) - 1
         quant = cfg.embed_dim is not None
         encoder = decoder = quant_conv = post_quant_conv = None
@@ -58,7 +67,8 @@ class AutoencoderKL(ldm.Autoencoder):
             if quant:
                 quant_conv = nn.Conv2d(2 * cfg.z_channels, 2 * cfg.embed_dim, 1)
         if cfg.has_decoder:
-            decoder = ldm.Decoder(widths, cfg.num_res_blocks, cfg.z_channels, cfg.out_channels, ops,
+            n_res = cfg.num_res_blocks if cfg.decoder_res_blocks is None else cfg.decoder_res_blocks
+            decoder = ldm.Decoder(cfg.decoder_widths or widths, n_res, cfg.z_channels, cfg.out_channels, ops,
                                   upsample=lambda i, c: Upsample2x(c) if i != 0 else None)
             if quant:
                 post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
@@ -89,16 +99,23 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None) -> KLConfig:
     keys = sd.keys()
     has_enc, has_dec = "encoder.conv_in.weight" in sd, "decoder.conv_in.weight" in sd
     side = "encoder" if has_enc else "decoder"
-    levels = count_indices(keys, f"{side}.down" if has_enc else "decoder.up")
+    dec_widths = dec_res = None
+    if has_dec:     # read on its own: a decoder may be narrower than its encoder
+        levels = count_indices(keys, "decoder.up")
+        dec_widths = tuple(sd[f"decoder.up.{i}.block.0.conv2.weight"].shape[0] for i in range(levels))
+        dec_res = count_indices(keys, "decoder.up.0.block") - 1
     if has_enc:
+        levels = count_indices(keys, "encoder.down")
         ch = sd["encoder.conv_in.weight"].shape[0]
-        widths = [sd[f"encoder.down.{i}.block.0.conv1.weight"].shape[0] for i in range(levels)]
+        widths = tuple(sd[f"encoder.down.{i}.block.0.conv1.weight"].shape[0] for i in range(levels))
         n_res = count_indices(keys, "encoder.down.0.block")
         z = sd["encoder.conv_out.weight"].shape[0] // 2
+        if dec_widths is not None and len(dec_widths) != len(widths):
+            raise LoadError(f"the encoder has {len(widths)} resolution levels but the decoder {len(dec_widths)}: "
+                            "their compression ratios differ, so they are not one VAE.",
+                            fix="load a VAE whose encoder and decoder belong together.")
     else:
-        widths = [sd[f"decoder.up.{i}.block.0.conv2.weight"].shape[0] for i in range(levels)]
-        ch = widths[0]
-        n_res = count_indices(keys, "decoder.up.0.block") - 1
+        widths, n_res, ch = dec_widths, dec_res, dec_widths[0]
     if has_dec:
         z = sd["decoder.conv_in.weight"].shape[1]
     embed = None
@@ -106,13 +123,19 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None) -> KLConfig:
         embed = sd["post_quant_conv.weight"].shape[1]
     elif "quant_conv.weight" in sd:
         embed = sd["quant_conv.weight"].shape[0] // 2
+    ch_mult = tuple(w // ch for w in widths)
+    if tuple(ch * m for m in ch_mult) != widths:        # widths that are not multiples of the first
+        raise LoadError(f"{side} widths {widths} are not multiples of the first level's {ch}.",
+                        fix="this VAE's layout is not an AutoencoderKL's; please report it with the key list.")
     return KLConfig(
-        ch=ch, ch_mult=tuple(w // ch for w in widths), num_res_blocks=n_res, z_channels=z,
+        ch=ch, ch_mult=ch_mult, num_res_blocks=n_res, z_channels=z,
         embed_dim=embed,
         in_channels=sd["encoder.conv_in.weight"].shape[1] if has_enc else 3,
         out_channels=sd["decoder.conv_out.weight"].shape[0] if has_dec else 3,
         mid_attention=f"{side}.mid.attn_1.q.weight" in sd,
-        has_encoder=has_enc, has_decoder=has_dec)
+        has_encoder=has_enc, has_decoder=has_dec,
+        decoder_widths=dec_widths if has_dec and dec_widths != widths else None,
+        decoder_res_blocks=dec_res if has_dec and dec_res != n_res else None)
 
 
 def capabilities(cfg: KLConfig) -> Capabilities:

@@ -1,4 +1,4 @@
-"""LTX-Video VAE key layouts: detection and conversion to the canonical one.
+"""LTX-Video and LTX-2 VAE key layouts: detection and conversion to the canonical one.
 
 Canonical = the Lightricks original / ComfyUI names (``encoder.down_blocks.N`` and
 ``decoder.up_blocks.N`` numbered as the original's block list, ``res_blocks``,
@@ -8,10 +8,11 @@ levels: our causal convs and LayerNorms hold their weights directly, so the orig
 One consequence: a canonical ``down_blocks.1.conv.weight`` is a 0.9.5 space-to-depth block's conv,
 the original's the 0.9.0 strided conv itself; layouts are told apart by ``conv_in.conv.weight``.
 
-diffusers' ``AutoencoderKLLTXVideo`` splits the original's list into down/up blocks with
-``resnets``, ``downsamplers.0``/``upsamplers.0``, ``conv_out``/``conv_in`` resnets and a
-``mid_block``; walking its blocks in execution order gives the original numbering for every
-version (facts: diffusers scripts/convert_ltx_to_diffusers.py)."""
+diffusers' ``AutoencoderKLLTXVideo`` and ``AutoencoderKLLTX2Video`` split the original's list into
+down/up blocks with ``resnets``, ``downsamplers.0``/``upsamplers.0``, ``conv_out``/``conv_in``
+resnets and a ``mid_block``; walking their blocks in execution order gives the original numbering
+for every version (facts: diffusers scripts/convert_ltx_to_diffusers.py, convert_ltx2_to_diffusers.py;
+LTX-2's original keys are 0.9.5's, with a plain ``conv_shortcut`` and ``norm3``)."""
 from __future__ import annotations
 
 import re
@@ -27,12 +28,25 @@ WRAPPED = re.compile(r"^(encoder|decoder)\.conv_in\.conv\.weight$")
 RES_BLOCKS = re.compile(r"^(encoder\.down_blocks|decoder\.up_blocks)\.\d+\.res_blocks\.\d+\.conv1\.")
 
 
+def _conv_in(sd: Mapping[str, torch.Tensor]):
+    for side in ("decoder", "encoder"):
+        for key in (f"{side}.conv_in.conv.weight", f"{side}.conv_in.weight"):
+            if key in sd:
+                return sd[key]
+    return None
+
+
 def detect(sd: Mapping[str, torch.Tensor]) -> bool:
-    if any(k.startswith(STATS) or RES_BLOCKS.match(k) for k in sd):
+    """LTX-Video 0.9.x and LTX-2 video VAEs in every layout. LTX-2's audio VAE also keeps
+    ``per_channel_statistics``, but its convs are 2-D: statistics alone are not enough."""
+    if any(RES_BLOCKS.match(k) for k in sd):
         return True                                   # original / ComfyUI / canonical
-    conv_in = sd.get("decoder.conv_in.conv.weight", sd.get("encoder.conv_in.conv.weight"))
-    # diffusers: the only video VAE with latents_mean/std buffers (LTX-2's are refused later)
-    return "latents_mean" in sd and "latents_std" in sd and conv_in is not None and conv_in.dim() == 5
+    conv_in = _conv_in(sd)
+    video = conv_in is not None and conv_in.dim() == 5
+    if any(k.startswith(STATS) for k in sd):
+        return video
+    # diffusers: the only video VAEs with latents_mean/std buffers (LTXVideo and LTX2Video)
+    return "latents_mean" in sd and "latents_std" in sd and video
 
 
 def _is_diffusers(keys) -> bool:

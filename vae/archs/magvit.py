@@ -99,8 +99,7 @@ class Upsampler(Seam, Streamable, nn.Module):
         h = self.conv(F.interpolate(x, scale_factor=(1, 2, 2), mode="nearest"))
         if not self.temporal or h.shape[2] == 0:
             return h
-        keep = 0 if self.recall(False) else 1       # in a stream, only the first chunk keeps one
-        self.remember(True)
+        keep = 1 if self.first_chunk() else 0       # in a stream, only the first chunk keeps one
         return torch.cat([h[:, :, :keep], h[:, :, keep:].repeat_interleave(2, dim=2)], dim=2)
 
 

@@ -114,9 +114,8 @@ class UpBlock(Seam, Streamable, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = depth_to_space(self.proj(self.blocks(x)), self.t, self.s, self.s)
-        if self.recall(False):           # a later chunk of a stream: nothing to drop
+        if not self.first_chunk(starts=x.shape[2] > 0):     # a later chunk of a stream: nothing to drop
             return x
-        self.remember(x.shape[2] > 0)
         return x[:, :, self.t - 1:]
 
 

@@ -94,8 +94,7 @@ class Downsample(Seam, Streamable, nn.Module):
         x = unframes(self.conv(F.pad(frames(x), (0, 1, 0, 1))), x.shape[0])
         if self.time_conv is None:
             return x
-        first = x[:, :, :0] if self.recall(False) else x[:, :, :1]     # in a stream: the first chunk's
-        self.remember(True)
+        first = x[:, :, :1] if self.first_chunk() else x[:, :, :0]     # in a stream: the first chunk's
         return torch.cat([first, self.time_conv(x)], dim=2)
 
 
@@ -115,9 +114,7 @@ class Upsample(Seam, Streamable, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.time_conv is not None:
-            started = self.recall(False)
-            self.remember(True)
-            first, rest = (x[:, :, :0], x) if started else (x[:, :, :1], x[:, :, 1:])
+            first, rest = (x[:, :, :1], x[:, :, 1:]) if self.first_chunk() else (x[:, :, :0], x)
             y = self.time_conv(rest)
             b, c2, t, h, w = y.shape
             y = y.unflatten(1, (2, c2 // 2)).permute(0, 2, 3, 1, 4, 5).reshape(b, c2 // 2, 2 * t, h, w)
@@ -148,9 +145,8 @@ class ResidualLevel(Seam, Streamable, ldm.Level):
         ft, fs = self.ft, self.fs
         if self.up:
             skip = depth_to_space(x.repeat_interleave(self.cout * ft * fs * fs // self.cin, dim=1), ft, fs, fs)
-            if not self.recall(False):
+            if self.first_chunk():
                 skip = skip[:, :, ft - 1:]
-            self.remember(True)
         else:
             pad = -x.shape[2] % ft
             x = F.pad(x, (0, 0, 0, 0, pad, 0)) if pad else x

@@ -177,3 +177,39 @@ def config(sd: Mapping[str, torch.Tensor], make):
     if not dec:
         kw["residual"] = kw["patch"] == 2      # an encoder alone: Wan 2.2 is the one with patches
     return make(temporal=temporal, **kw)
+
+
+
+# canonical -> original, in this order: names inside blocks first (the top-level conv_in becomes conv1 last)
+_BACK = [(r"\.norm1\.", ".residual.0."), (r"\.conv1\.", ".residual.2."), (r"\.norm2\.", ".residual.3."),
+         (r"\.conv2\.", ".residual.6."), (r"\.nin_shortcut\.", ".shortcut."), (r"(\.\d+\.)conv\.", r"\1resample.1."),
+         (r"\.mid\.block_1\.", ".middle.0."), (r"\.mid\.attn_1\.proj_out\.", ".middle.1.proj."),
+         (r"\.mid\.attn_1\.", ".middle.1."), (r"\.mid\.block_2\.", ".middle.2."),
+         (r"\.norm_out\.", ".head.0."), (r"\.conv_out\.", ".head.2."),
+         (r"^(encoder|decoder)\.conv_in\.", r"\1.conv1."), (r"^quant_conv\.", "conv1."), (r"^post_quant_conv\.", "conv2.")]
+_LEVEL = re.compile(r"^(encoder|decoder)\.(?:down|up)\.(\d+)\.(?:block\.(\d+)|(?:down|up)sample)\.(.*)$")
+
+
+def to_original(sd: Mapping[str, torch.Tensor], nested: bool) -> dict:
+    """Canonical -> Wan's original names, as ComfyUI's files hold them: 2.1's flat level lists, or with
+    ``nested`` 2.2's ``downsamples.<i>.downsamples.<j>``; the attention's q/k/v fused back into ``to_qkv``.
+    (For files in ComfyUI's layout, e.g. to run core's own VAE on the same weights.)"""
+    found = [(m[1], int(m[2]), m[3]) for k in sd if (m := _LEVEL.match(k))]
+    levels = {side: 1 + max((lv for s_, lv, _ in found if s_ == side), default=-1) for side in ("encoder", "decoder")}
+    blocks = {side: 1 + max((int(j) for s_, _, j in found if s_ == side and j is not None), default=-1)
+              for side in ("encoder", "decoder")}
+    moved = {}
+    for key, v in sd.items():
+        if m := _LEVEL.match(key):
+            side, level, j, rest = m[1], int(m[2]), m[3], m[4]
+            lists = "downsamples" if side == "encoder" else "upsamples"
+            run = level if side == "encoder" else levels[side] - 1 - level       # decoder lists run coarse first
+            idx = blocks[side] if j is None else int(j)                        # the resampler closes a level
+            key = (f"{side}.{lists}.{run}.{lists}.{idx}.{rest}" if nested
+                   else f"{side}.{lists}.{run * (blocks[side] + 1) + idx}.{rest}")
+        moved[key] = v
+    for key in [k for k in moved if re.search(r"\.attn_1\.q\.(weight|bias)$", k)]:
+        head = key[: -len("q.weight" if key.endswith("weight") else "q.bias")]
+        kind = key.rsplit(".", 1)[1]
+        moved[f"{head}to_qkv.{kind}"] = torch.cat([moved.pop(f"{head}{n}.{kind}") for n in "qkv"])
+    return rename(moved, _BACK)

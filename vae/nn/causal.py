@@ -13,7 +13,7 @@ Streaming (``vae.run.stream``): a causal conv keeps, in the call's stream memory
 padded input that later output frames still need (every frame from the first window it has not yet
 produced), so feeding a clip in chunks gives exactly the frames of one pass, for any stride. Modules
 with other temporal state (up-samplers that treat the first frame differently) keep theirs the same way
-(``Streamable.recall`` / ``remember``); nothing is stored on the module.
+(``Streamable.first_chunk``, ``recall`` / ``remember``); nothing is stored on the module.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..run import Streamable
+from ..run import Streamable, current
 
 Size3 = Union[int, tuple[int, int, int]]
 TIME_PADS = ("causal", "causal_zeros", "valid", "symmetric")
@@ -78,16 +78,18 @@ class CausalConv3d(Streamable, nn.Conv3d):
             return x.new_zeros(*x.shape[:2], p, *x.shape[3:])
         return x[:, :, :1].expand(-1, -1, p, -1, -1)
 
-    def pad_time(self, x: torch.Tensor) -> torch.Tensor:
-        if self.streaming:
+    def pad_time(self, x: torch.Tensor, memory: Optional[dict] = None) -> torch.Tensor:
+        """``x`` padded (or, in a stream whose state is ``memory``, preceded by the frames kept from
+        the chunks before) so that the conv gives exactly the frames of one pass."""
+        if memory is not None:
             if self.time_pad == "symmetric":
                 raise RuntimeError("a non-causal (symmetric) conv cannot run chunk by chunk")
-            head = self.recall()
+            head = memory.get(self)
             head = self._front(x) if head is None else head
             x = torch.cat([head, x], dim=2) if head.shape[2] else x
             # keep every frame from the first window not produced yet
             n_out = max(0, (x.shape[2] - self.time_span - 1) // self.stride[0] + 1)
-            self.remember(x[:, :, n_out * self.stride[0]:].clone())
+            memory[self] = x[:, :, n_out * self.stride[0]:].clone()
             return x
         p = self.time_span
         if p == 0 or self.time_pad == "valid":
@@ -99,12 +101,13 @@ class CausalConv3d(Streamable, nn.Conv3d):
                           x[:, :, -1:].expand(-1, -1, back, -1, -1)], dim=2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        memory = current().memory           # this call's stream state, or None
         if self._replicate is not None and self.spatial_pad == "replicate" and self.time_pad == "causal" \
-                and not self.streaming:
+                and memory is None:
             # first-frame copies are replicate padding in time: one pad for all three axes
             # (measured 3x faster than a concatenation followed by a spatial pad)
             return super().forward(F.pad(x, self._replicate[:4] + (self.time_span, 0), mode="replicate"))
-        x = self.pad_time(x)
+        x = self.pad_time(x, memory)
         if x.shape[2] < self.time_span + 1:      # a stream chunk too short to complete a window
             return x.new_empty(x.shape[0], self.out_channels, 0, *self._spatial_out(x.shape[-2:]))
         if self._replicate is not None:

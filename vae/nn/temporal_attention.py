@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..run import Streamable
+from ..run import Streamable, current
 
 # Sequences per attention call: CUDA kernels fail ("invalid configuration argument") past 2**16,
 # and chunking also bounds the q/k/v working set for large frames.
@@ -32,7 +32,8 @@ class TemporalAttention(Streamable, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, t, h, w = x.shape
-        streaming = self.streaming
+        memory = current().memory          # this call's stream state, or None
+        streaming = memory is not None
         if streaming and not self.causal:
             raise RuntimeError("non-causal temporal attention cannot run chunk by chunk")
         if t == 1 and not streaming:
@@ -42,7 +43,7 @@ class TemporalAttention(Streamable, nn.Module):
             return self.out(v).movedim(-1, 1)
         # contiguous: a strided view sends the projections to a batched matmul ~100x slower on CPU
         seq = x.permute(0, 3, 4, 2, 1).reshape(b * h * w, t, c).contiguous()
-        past = self.recall()          # this stream's keys and values so far
+        past = memory.get(self) if streaming else None      # this stream's keys and values so far
         chunks, keep = [], []
         for i in range(0, seq.shape[0], CHUNK):
             q, k, v = self._project(seq[i:i + CHUNK])
@@ -55,8 +56,8 @@ class TemporalAttention(Streamable, nn.Module):
         if streaming:
             k_new = torch.cat([kv[0] for kv in keep])
             v_new = torch.cat([kv[1] for kv in keep])
-            self.remember((k_new, v_new) if past is None else (torch.cat([past[0], k_new], 2),
-                                                               torch.cat([past[1], v_new], 2)))
+            memory[self] = (k_new, v_new) if past is None else (torch.cat([past[0], k_new], 2),
+                                                                torch.cat([past[1], v_new], 2))
         y = torch.cat(chunks).transpose(1, 2).reshape(b * h * w, t, c)
         return self.out(y).reshape(b, h, w, t, c).permute(0, 4, 3, 1, 2)
 

@@ -1,0 +1,73 @@
+"""What the LTX-Video (0.9.x) and LTX-2 tests share: random per-channel statistics, the Lightricks
+original / ComfyUI key layout rebuilt from ComfyUI's and Lightricks' source facts (independent of
+ltx_layout.to_original), and diffusers' conversion-script renames applied as the scripts apply them."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from helpers import jitter_norms
+from vae import run
+from vae.archs import ltx_layout
+
+
+def randomize(m: torch.nn.Module, latent: int) -> torch.nn.Module:
+    """Non-trivial statistics and noise scales (both default to no-ops) and norm weights."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        m.latents_mean.copy_(torch.randn(latent, generator=g) * 0.5)
+        m.latents_std.copy_(torch.rand(latent, generator=g) + 0.5)
+        for name, p in m.named_parameters():
+            if "per_channel_scale" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return jitter_norms(m).eval()
+
+
+def stats(ref):
+    """diffusers' latents_mean / latents_std as 5-D views: its decode takes z * std + mean."""
+    return ref.latents_mean.view(1, -1, 1, 1, 1), ref.latents_std.view(1, -1, 1, 1, 1)
+
+
+def original_layout(canonical: dict) -> dict:
+    """The Lightricks original / ComfyUI layout: CausalConv3d holds an inner ``conv``, the shortcut is
+    a plain 1x1x1 conv, the 0.9.x shortcut LayerNorm sits in a wrapper's ``norm``, and five statistics
+    buffers are stored."""
+    out = {}
+    for k, v in canonical.items():
+        if re.search(r"(conv_in|conv_out|conv1|conv2|down_blocks\.\d+|\.conv)\.(weight|bias)$", k):
+            k = re.sub(r"\.(weight|bias)$", r".conv.\1", k)
+        out[k.replace(".norm3.", ".norm3.norm.")] = v
+    n = canonical[ltx_layout.STD].shape[0]
+    for extra in ("mean-of-stds", "mean-of-stds_over_std-of-means", "channel"):
+        out[f"per_channel_statistics.{extra}"] = torch.zeros(n)
+    return out
+
+
+def script_rename(original: dict, table: dict) -> set[str]:
+    """diffusers' scripts/convert_ltx*_to_diffusers.py: str.replace in dict order; the scripts drop
+    the statistics the VAE does not use."""
+    out = set()
+    for k in original:
+        if k.startswith(ltx_layout.STATS) and k not in (ltx_layout.MEAN, ltx_layout.STD):
+            continue
+        for a, b in table.items():
+            k = k.replace(a, b)
+        out.add(k)
+    return out
+
+
+def meta_state_dict(cls, **kw) -> dict:
+    with torch.device("meta"):
+        return cls(**kw).state_dict()
+
+
+def assert_encoder_streams(model) -> None:
+    """Causal encoder: 1 + 8 frames, then 8 at a time, give the latents of one pass."""
+    x = torch.rand(1, 3, 25, 32, 32) * 2 - 1
+    with torch.no_grad():
+        whole = model.encode(x)
+        with run.stream():
+            parts = [model.encode(x[:, :, a:b]) for a, b in ((0, 9), (9, 17), (17, 25))]
+    assert [p.shape[2] for p in parts] == [2, 1, 1]
+    assert (torch.cat(parts, 2) - whole).abs().max() <= 1e-5

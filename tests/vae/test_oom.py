@@ -1,0 +1,116 @@
+"""Out of memory: a decode or encode whose tile raises torch.OutOfMemoryError is retried with spatial
+tiles of half the size (said in the log), as core falls back to tiles; the error is injected by a model
+that refuses inputs larger than a budget."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import vae
+from helpers import diffusers_kl
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _budget(v, latent_side: int, what: str = "decode"):
+    """Make ``v``'s model raise OutOfMemoryError for inputs wider than ``latent_side`` latent pixels."""
+    real = getattr(v.model, what)
+    px = 1 if what == "decode" else v.caps.spatial_ratio
+    calls = []
+
+    def limited(x, *a, **k):
+        calls.append(tuple(x.shape[-2:]))
+        if max(x.shape[-2:]) > latent_side * px:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(x, *a, **k)
+    setattr(v.model, what, limited)
+    return calls
+
+
+@pytest.fixture
+def kl():
+    return vae.from_state_dict(diffusers_kl(widths=(32, 32)).state_dict())     # 2x
+
+
+def test_untiled_decode_that_runs_out_of_memory_is_retried_in_tiles(kl, caplog):
+    z = torch.randn(1, 4, 16, 12)
+    want = kl.decode(z, tile=16)                       # 8 latent pixels a tile: what the retry ends with
+    _budget(kl, 10)
+    with caplog.at_level(logging.WARNING, logger="VAEKit"):
+        out = kl.decode(z)
+    assert torch.equal(out, want)
+    assert "out of memory with no tiles; retrying with 16x16 px tiles" in caplog.text
+
+
+def test_tiles_halve_until_they_fit_and_exact_mode_stays_exact(kl, caplog):
+    z = torch.randn(1, 4, 16, 16)
+    untiled = kl.decode(z)
+    calls = _budget(kl, 6)
+    with caplog.at_level(logging.WARNING, logger="VAEKit"):
+        out = kl.decode(z, tile=24, mode="exact")
+    assert caplog.text.count("retrying with") == 2                        # 24 -> 12 -> 8 px... until it fits
+    assert (out - untiled).abs().max() <= 1e-4 and max(max(c) for c in calls[-3:]) <= 6
+
+
+def test_encode_retries_too(kl, caplog):
+    x = torch.rand(1, 3, 32, 32)
+    want = kl.encode(x, tile=16)
+    _budget(kl, 8, "encode")
+    with caplog.at_level(logging.WARNING, logger="VAEKit"):
+        assert torch.equal(kl.encode(x), want)
+    assert "encode: out of memory" in caplog.text
+
+
+def test_a_tile_that_never_fits_raises_the_original_error(kl):
+    _budget(kl, 1)
+    with pytest.raises(torch.OutOfMemoryError):
+        kl.decode(torch.randn(1, 4, 16, 16))
+
+
+def test_other_errors_are_not_retried(kl):
+    calls = []
+
+    def broken(x, *a, **k):
+        calls.append(1)
+        raise RuntimeError("shape mismatch")
+    kl.model.decode = broken
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        kl.decode(torch.randn(1, 4, 8, 8))
+    assert len(calls) == 1
+
+
+# ---- what a call asks the memory manager for -----------------------------------------------------
+
+def test_memory_needed_follows_the_unit_of_work(loaded):
+    """Measured on the meta device from one tile of one chunk: smaller tiles and chunks need less; a
+    streamed clip needs the same for 4x the frames."""
+    v = loaded["wan"]
+    whole = v.memory_needed((1, 16, 9, 16, 16))
+    tiled = v.memory_needed((1, 16, 9, 16, 16), tile=64)
+    assert 0 < tiled < whole
+    assert v.memory_needed((1, 16, 36, 16, 16)) == whole              # one latent frame a chunk either way
+    assert v.memory_needed((1, 16, 9, 16, 16), tile_frames=64) > whole   # a 9-frame chunk holds more
+    assert v.memory_needed((1, 3, 9, 128, 128), "encode") > 0
+
+
+def test_the_comfyui_path_tells_the_memory_manager(pack, loaded, monkeypatch):
+    """Inside ComfyUI the nodes load the VAE through its memory manager with ``memory_required`` set
+    to what the call needs (a stand-in manager records the call)."""
+    import types
+    from vaekit.nodes import _comfy
+    from vaekit.nodes.socket import VAEKitVAE
+    from vaekit.vae import from_state_dict
+    from video_families import tiny_state_dict
+    handle = from_state_dict(tiny_state_dict("wan"))
+    calls = []
+    mm = types.SimpleNamespace(load_models_gpu=lambda models, **kw: calls.append(kw),
+                               intermediate_device=lambda: torch.device("cpu"),
+                               throw_exception_if_processing_interrupted=lambda: None)
+    monkeypatch.setattr(_comfy, "model_management", lambda: mm)
+    monkeypatch.setitem(_comfy._patchers, handle.model, object())
+    dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
+    z = torch.randn(1, 16, 3, 8, 8)
+    dec.decode({"samples": z}, VAEKitVAE(handle), tile_size=32, overlap=8, temporal_size=64, temporal_overlap=8)
+    assert calls[-1]["memory_required"] == handle.memory_needed(z.shape, tile=32, overlap=8, tile_frames=4) > 0
