@@ -109,7 +109,8 @@ def run_child(cmd: list[str], env: dict) -> bool:
 def measure(fn, x, model, repeat: int, out_stem: Path) -> None:
     """One worker's measurement: page every weight of ``model`` in (that is loading, not the call),
     reset the peak-RSS mark, time ``repeat`` calls of ``fn(x)``; the last output goes to
-    ``out_stem``.npy, the figures (times, RSS after load, peak, working set) to ``out_stem``.json."""
+    ``out_stem``.npy, the figures (times, the best call's process CPU time, RSS after load, peak,
+    working set) to ``out_stem``.json."""
     import numpy as np
     import torch
 

@@ -6,6 +6,8 @@ CPU, in one run.
     python bench/bench_video.py --families ltx,magvit # a subset
     python bench/bench_video.py --families mochi --frames 11 --size 4   # past Mochi's 55 divergent frames
     python bench/bench_video.py --frames 5 --json out.json
+    python bench/bench_video.py --families hunyuan_video15 --frames 5 --size 12 --repeat 1 \
+        --modes one-pass,default,framewise,exact            # our decode modes beside diffusers' one pass
 
 For each family a diffusers model at its published config (diffusers' default, except for LTX-2 and
 LTX-2.3, whose published flags its conversion script sets) is built with random weights under a
@@ -16,6 +18,13 @@ Both outputs are mapped to 0..1 and compared (LTX with zero padding on both side
 decoder with reflect by default, as ComfyUI does): max abs difference over all frames, and for Mochi,
 whose original (genmo/ComfyUI) frame semantics we follow while diffusers differs in the early
 frames, also the first frame from which every later frame agrees within 1e-4. Nothing is asserted.
+
+``--modes`` runs our decode several ways, each in its own subprocess and compared with diffusers'
+one pass: ``default`` (the handle's own choice: the model's stream chunks where it has them, e.g.
+HunyuanVideo 1.5's two latent frames), ``one-pass`` (one chunk of the whole clip), ``framewise``
+(one latent frame at a time through the causal caches), ``exact`` (2 x 2 exact spatial tiles, each
+streamed one latent frame at a time: the smallest working set). Streaming modes only differ from
+one pass for models that stream (the others take overlapping temporal tiles there).
 """
 from __future__ import annotations
 
@@ -49,7 +58,9 @@ FAMILIES = {
     "ltx2.3": ("AutoencoderKLLTX2Video", {**LTX23, **LTX2_FLAGS}, 128),
     "hunyuan_video": ("AutoencoderKLHunyuanVideo", {}, 16),
     "magvit": ("AutoencoderKLMagvit", {}, 16),
+    "hunyuan_video15": ("AutoencoderKLHunyuanVideo15", {}, 32),
 }
+MODES = ("default", "one-pass", "framewise", "exact")
 
 
 def _diffusers(family: str, weights: Path):
@@ -72,7 +83,7 @@ def _diffusers(family: str, weights: Path):
     return decode, model
 
 
-def _ours(family: str, weights: Path):
+def _ours(family: str, weights: Path, mode: str = "default"):
     sys.path.insert(0, str(ROOT))
     import vae
 
@@ -80,7 +91,14 @@ def _ours(family: str, weights: Path):
     if family == "ltx":      # ours pads LTX's decoder with reflect, as ComfyUI; diffusers with zeros
         from vae.archs import ltx
         ltx.set_decoder_padding(v.model, "zeros")
-    return v.decode, v.model
+    r, s = v.caps.temporal_ratio, v.caps.spatial_ratio
+
+    def decode(z):
+        t, h, w = z.shape[2:]
+        opts = {"default": {}, "one-pass": dict(tile_frames=r * t), "framewise": dict(tile_frames=r),
+                "exact": dict(tile_frames=r, tile=(-(-h // 2) * s, -(-w // 2) * s), mode="exact")}[mode]
+        return v.decode(z, **opts)
+    return decode, v.model
 
 
 def worker(args) -> None:
@@ -91,8 +109,9 @@ def worker(args) -> None:
     tmp = Path(args.tmp)
     weights = tmp / f"{args.family}.safetensors"
     z = torch.from_numpy(np.load(tmp / f"{args.family}_latent.npy"))
-    decode, model = (_diffusers(args.family, weights) if args.worker == "diffusers" else _ours(args.family, weights))
-    measure(decode, z, model, args.repeat, tmp / f"{args.family}_{args.worker}")
+    decode, model = (_diffusers(args.family, weights) if args.worker == "diffusers"
+                     else _ours(args.family, weights, args.worker.split(":", 1)[1]))
+    measure(decode, z, model, args.repeat, tmp / f"{args.family}_{args.worker.replace(':', '_')}")
 
 
 def _prepare(family: str, tmp: Path, frames: int, size: int) -> None:
@@ -116,6 +135,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=8, help="latent height and width")
     p.add_argument("--repeat", type=int, default=2, help="timed calls per run (no warm-up)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--modes", default="default", help="our decode modes, comma list of: " + ", ".join(MODES))
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--family", help=argparse.SUPPRESS)
@@ -142,26 +162,30 @@ def main() -> None:
             print(f"  {family}: building the default-config model ...", flush=True)
             if not run_child(me + ["--prepare"] + common, env):
                 continue
-            res = {}
-            for lib in ("diffusers", "ours"):
+            runs = {}
+            for lib in ["diffusers"] + [f"ours:{m.strip()}" for m in args.modes.split(",")]:
                 print(f"    decoding with {lib} ...", flush=True)
                 if run_child(me + ["--worker", lib, "--repeat", str(args.repeat), "--threads", str(args.threads)]
-                        + common, env):
-                    res[lib] = json.loads(Path(d, f"{family}_{lib}.json").read_text())
-            if len(res) == 2:
-                a, b = (np.load(Path(d, f"{family}_{lib}.npy")).astype(np.float64) for lib in ("ours", "diffusers"))
-                if a.shape == b.shape:
-                    per_frame = np.abs(a - b).max(axis=(0, 1, 3, 4))
-                    res["max_abs"] = float(per_frame.max())
-                    bad = np.nonzero(per_frame > 1e-4)[0]
-                    res["agree_from_frame"] = int(bad[-1] + 1) if len(bad) else 0
-                    res["frames"] = int(a.shape[2])
-                else:
-                    res["shape_mismatch"] = [list(a.shape), list(b.shape)]
-            rows[family] = res
+                             + common, env):
+                    runs[lib] = json.loads(Path(d, f"{family}_{lib.replace(':', '_')}.json").read_text())
+            for lib in [k for k in runs if k != "diffusers"]:
+                res = {"diffusers": runs.get("diffusers"), "ours": runs[lib]}
+                if res["diffusers"]:
+                    a, b = (np.load(Path(d, f"{family}_{name}.npy")).astype(np.float64)
+                            for name in (lib.replace(":", "_"), "diffusers"))
+                    if a.shape == b.shape:
+                        per_frame = np.abs(a - b).max(axis=(0, 1, 3, 4))
+                        res["max_abs"] = float(per_frame.max())
+                        bad = np.nonzero(per_frame > 1e-4)[0]
+                        res["agree_from_frame"] = int(bad[-1] + 1) if len(bad) else 0
+                        res["frames"] = int(a.shape[2])
+                    else:
+                        res["shape_mismatch"] = [list(a.shape), list(b.shape)]
+                mode = lib.split(":", 1)[1]
+                rows[family if args.modes == "default" else f"{family} {mode}"] = res
 
     print()
-    head = (f"{'family':<14} {'frames':>6} {'diffusers s':>12} {'ours s':>8} {'ratio':>6} "
+    head = (f"{'family':<24} {'frames':>6} {'diffusers s':>12} {'ours s':>8} {'ratio':>6} {'cpu ratio':>9} "
             f"{'diff. work MiB':>15} {'ours work MiB':>14} {'diff. peak':>11} {'ours peak':>10} "
             f"{'max abs':>9} {'agree from':>10}")
     print(head)
@@ -169,13 +193,15 @@ def main() -> None:
     for family, r in rows.items():
         dif, our = r.get("diffusers"), r.get("ours")
         if not dif or not our:
-            print(f"{family:<14} failed")
+            print(f"{family:<24} failed")
             continue
-        print(f"{family:<14} {r.get('frames', '-'):>6} {dif['best_s']:>12.2f} {our['best_s']:>8.2f} "
-              f"{our['best_s'] / dif['best_s']:>6.2f} {dif['working_set_mib']:>15.0f} {our['working_set_mib']:>14.0f} "
+        print(f"{family:<24} {r.get('frames', '-'):>6} {dif['best_s']:>12.2f} {our['best_s']:>8.2f} "
+              f"{our['best_s'] / dif['best_s']:>6.2f} {our['cpu_s'] / dif['cpu_s']:>9.2f} "
+              f"{dif['working_set_mib']:>15.0f} {our['working_set_mib']:>14.0f} "
               f"{dif['peak_rss_mib']:>11.0f} {our['peak_rss_mib']:>10.0f} {r.get('max_abs', float('nan')):>9.1e} "
               f"{r.get('agree_from_frame', '-'):>10}")
-    print("\nratio = ours / diffusers best time (lower is faster); work = peak RSS during decoding - RSS after "
+    print("\nratio = ours / diffusers best time (lower is faster); cpu ratio = the same for the process CPU time of "
+          "those calls (less sensitive to other processes); work = peak RSS during decoding - RSS after "
           "load; 'agree from' = first frame from which all frames agree within 1e-4 (0 = all).")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -12,9 +12,9 @@ from .convert import frames_to_image
 from .socket import as_engine
 from .tiled import _DECODE_OPTIONS, _latent_tensor, _prepare, _temporal_ratio
 
-EXACTNESS = ("Exact (equal to a one-pass decode): Wan 2.1/2.2 (also Qwen-Image's VAE), Mochi, EasyAnimate Magvit, "
-             "and image VAEs (TAESD family, "
-             "SD/Flux KL) decoding a batch of frames. Approximate (overlapping chunks, blended): HunyuanVideo "
+EXACTNESS = ("Exact (equal to a one-pass decode): Wan 2.1/2.2 (also Qwen-Image's VAE), HunyuanVideo 1.5, Mochi, "
+             "EasyAnimate Magvit, and image VAEs (TAESD family, "
+             "SD/Flux KL) decoding a batch of frames. Approximate (overlapping chunks, blended): HunyuanVideo 1.0 "
              "(GroupNorm and attention over the whole clip), LTX-Video and LTX-2 (their decoders are not causal: "
              "an LTX-2 frame depends on 22 latent frames either way, LTX-2.3's on 14); raise 'overlap' to shrink "
              "their seams.")
@@ -39,7 +39,7 @@ class VAEKitFramewiseDecode:
                                          "memory; the result does not change for exact models. " + EXACTNESS}),
             "overlap": ("INT", {"default": 1, "min": 1, "max": 4096, "tooltip":
                                 "Latent frames shared by neighbouring chunks for models that cannot stream exactly "
-                                "(HunyuanVideo, LTX-Video, LTX-2): a chunk's first latent frame is context only, more "
+                                "(HunyuanVideo 1.0, LTX-Video, LTX-2): a chunk's first latent frame is context only, more "
                                 "blends the seam. Ignored by exact ones."}),
             "tile_size": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32, "tooltip":
                                   "Spatial tiles on top, in pixels (0: whole frames). Each tile streams the clip."}),

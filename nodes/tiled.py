@@ -18,10 +18,11 @@ _OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
                                "More overlap hides seams better and costs a little more time."})
 _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4,
                      "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; a clip no longer than "
-                                "this is one pass in time. Models that stream through causal caches (Wan, Mochi, "
-                                "Magvit; the LTX-Video and LTX-2 encoders) take the clip this many frames at a time "
-                                "with an exact result (Wan at most 4, one latent frame, as its own decode does: more "
-                                "frames only cost memory); others blend overlapping tiles, approximately: an LTX-2 "
+                                "this is one pass in time. Models that stream through causal caches (Wan, "
+                                "HunyuanVideo 1.5, Mochi, Magvit; the LTX-Video and LTX-2 encoders) take the clip "
+                                "this many frames at a time with an exact result (Wan at most 4, one latent frame, "
+                                "HunyuanVideo 1.5 at most 8, two, as their references run: more frames only cost "
+                                "memory); others blend overlapping tiles, approximately: an LTX-2 "
                                 "decoder frame depends on 22 latent frames (176 frames; LTX-2.3: 14, 112 frames) "
                                 "either way, so frames nearer a tile edge than that differ from one pass. Ignored "
                                 "by image VAEs."})

@@ -7,9 +7,10 @@ import torch
 
 from helpers import jitter_norms
 
-FAMILIES = ("mochi", "ltx", "ltx2", "hunyuan_video", "magvit", "wan")
+FAMILIES = ("mochi", "ltx", "ltx2", "hunyuan_video", "magvit", "wan", "hunyuan_video15")
 # spatial ratio, temporal ratio of each family
-RATIOS = {"mochi": (8, 6), "ltx": (32, 8), "ltx2": (32, 8), "hunyuan_video": (8, 4), "magvit": (8, 4), "wan": (8, 4)}
+RATIOS = {"mochi": (8, 6), "ltx": (32, 8), "ltx2": (32, 8), "hunyuan_video": (8, 4), "magvit": (8, 4), "wan": (8, 4),
+          "hunyuan_video15": (16, 4)}
 # LTX-2 extends the LTX-Video family: one spec, its versions told apart by their shapes
 SPEC_IDS = {"ltx2": "ltx"}
 
@@ -38,6 +39,8 @@ def tiny_reference(family: str) -> torch.nn.Module:
         m.use_framewise_decoding = m.use_framewise_encoding = False
     elif family == "wan":      # Wan 2.1's published structure, narrow
         m = diffusers.AutoencoderKLWan(base_dim=8, z_dim=16)
+    elif family == "hunyuan_video15":      # the published structure (5 levels), narrow
+        m = diffusers.AutoencoderKLHunyuanVideo15(block_out_channels=(8, 16, 32, 64, 64), layers_per_block=1)
     else:
         m = diffusers.AutoencoderKLMagvit(block_out_channels=(32, 32, 32, 32), layers_per_block=1)
     return jitter_norms(m).eval()

@@ -23,6 +23,7 @@ _CHANNEL_HINTS = {
     16: {4: "SD3/Flux.1", 5: "Wan 2.1/Qwen-Image, HunyuanVideo or EasyAnimate"},
     12: {5: "Mochi"}, 48: {5: "Wan 2.2"},
     32: {4: "Flux.2 (unpacked)", 5: "HunyuanVideo 1.5"},
+    64: {4: "HunyuanImage 2.1", 5: "HunyuanImage 2.1 refiner (two frames packed)"},
     128: {4: "Flux.2 (packed)", 5: "LTX-Video/LTX-2"},
 }
 

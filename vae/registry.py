@@ -5,7 +5,7 @@ from typing import Mapping
 
 import torch
 
-from .archs import consistency, flux2, hunyuan_video, kl, ltx, magvit, mochi, tiny, wan
+from .archs import consistency, flux2, hunyuan_video, hunyuan_video15, kl, ltx, magvit, mochi, tiny, wan
 from .errors import LoadError
 from .spec import ArchSpec
 
@@ -14,7 +14,7 @@ from .spec import ArchSpec
 # Consistency before KL: its encoder is SD's KL encoder (`decoder_unet.` / OpenAI names tell it apart).
 # Flux.2 before KL: it is a KL layout plus the latent BatchNorm's `bn.*` (kl.detect alone would claim it).
 REGISTRY: tuple[ArchSpec, ...] = (consistency.SPEC, wan.SPEC, mochi.SPEC, tiny.SPEC, flux2.SPEC, kl.SPEC, ltx.SPEC,
-                                  magvit.SPEC, hunyuan_video.SPEC)
+                                  magvit.SPEC, hunyuan_video.SPEC, hunyuan_video15.SPEC)
 
 
 def detect(sd: Mapping[str, torch.Tensor], source: str = "state dict") -> ArchSpec:

@@ -154,17 +154,24 @@ _RESNET_NORM = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.block\.\d+\.norm
 _RESAMPLER = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.(downsample|upsample)\.conv\.weight$")
 
 
-def detect(sd) -> bool:
-    """5-D convs in the LDM parts only, GroupNorm resnets (``norm1.weight``; HunyuanVideo 1.5 has RMS
-    ``gamma``), width-keeping 3-D resamplers (the HunyuanImage refiner's change width, CogVideoX's are 2-D)."""
+def detect_video_ldm(sd, to_canonical, parts: re.Pattern, resnet_norm: re.Pattern, resampler_ok) -> bool:
+    """The video LDM skeleton's test (HunyuanVideo 1.0 and 1.5): a 5-D ``conv_in``, in the canonical
+    names every key under ``parts``, some resnet norm key matching ``resnet_norm``, and resampler
+    convs, every one of which ``resampler_ok`` accepts."""
     w = _conv_in(sd)
     if w is None or w.dim() != 5:
         return False
     sd = to_canonical(sd)
-    if not all(_PARTS.match(k) for k in sd) or not any(_RESNET_NORM.match(k) for k in sd):
+    if not all(parts.match(k) for k in sd) or not any(resnet_norm.match(k) for k in sd):
         return False
     resamplers = [v for k, v in sd.items() if _RESAMPLER.match(k)]
-    return bool(resamplers) and all(v.dim() == 5 and v.shape[0] == v.shape[1] for v in resamplers)
+    return bool(resamplers) and all(resampler_ok(v) for v in resamplers)
+
+
+def detect(sd) -> bool:
+    """5-D convs in the LDM parts only, GroupNorm resnets (``norm1.weight``; HunyuanVideo 1.5 has RMS
+    ``gamma``), width-keeping 3-D resamplers (the HunyuanImage refiner's change width, CogVideoX's are 2-D)."""
+    return detect_video_ldm(sd, to_canonical, _PARTS, _RESNET_NORM, lambda v: v.dim() == 5 and v.shape[0] == v.shape[1])
 
 
 def _strides(present: list[bool], temporal: list[int]) -> tuple[Stride, ...]:

@@ -71,7 +71,9 @@ class Encoder(nn.Module):
             for _ in range(num_res_blocks):
                 blocks.append(ops.resnet(cin, w))
                 cin = w
-            self.down.append(level(i, blocks, downsample(i, w), "downsample"))
+            down = downsample(i, w)
+            self.down.append(level(i, blocks, down, "downsample"))
+            cin = getattr(down, "out_channels", cin)
         self.mid = ops.mid(cin)
         self.norm_out = ops.norm(cin)
         self.conv_out = ops.conv(cin, out_channels)
