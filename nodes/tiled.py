@@ -48,6 +48,9 @@ _MODE = (["fast", "exact"], {"default": "fast",
                                "current level's activations: less memory than an untiled pass, more than fast mode. "
                                "Video: tiles are spatial and each runs the whole clip (temporal size is ignored)."})
 _TILING = {"tile_size": _TILE, "overlap": _OVERLAP, "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP}
+# the library's argument -> this node's input, for error messages
+_TILING_INPUTS = {"tile": "tile_size", "overlap": "overlap", "tile_frames": "temporal_size",
+                  "overlap_frames": "temporal_overlap"}
 
 
 class VAEKitTiledDecode:
@@ -56,6 +59,7 @@ class VAEKitTiledDecode:
     RETURN_TYPES = ("IMAGE",)
     OUTPUT_TOOLTIPS = ("Decoded images [N, H, W, 3] in 0..1.",)
     FUNCTION = "decode"
+    LIBRARY_INPUTS = _TILING_INPUTS
     DESCRIPTION = ("Decodes a LATENT tile by tile into one preallocated image: memory is bounded by the tile, "
                    "time stays close to an untiled decode (one pass, no repeated passes).")
 
@@ -87,6 +91,7 @@ class VAEKitTiledEncode:
     RETURN_TYPES = ("LATENT",)
     OUTPUT_TOOLTIPS = ("The latent, in the layout the VAE's diffusion model expects.",)
     FUNCTION = "encode"
+    LIBRARY_INPUTS = _TILING_INPUTS
     DESCRIPTION = "Encodes images tile by tile into one preallocated latent; memory is bounded by the tile."
 
     @classmethod
