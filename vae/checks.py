@@ -8,9 +8,10 @@ Decisions (README, Reliability):
 - Float images a little outside 0..1 (resampling overshoot) are clamped, with a warning; far outside
   (below -0.5 or above 1.5) they are refused: that is another convention (-1..1, 0..255) and encoding
   it would give a wrong latent without a sign.
-- Tiles below 2 latent pixels are refused (one model call per latent pixel: measured 10-15x the untiled
-  time at 8-16 px on an SD-shape VAE); tiles below 64 px run, with a note in the log (tests and scripts
-  tile tiny tensors on purpose). Negative sizes are
+- Tiles under 64 px (the nodes' widget minimum) are refused when they would cut the image into more
+  than 64 tiles: there a tile's fixed cost and its overlap dominate (SD-shape VAE at 256x256 px, CPU:
+  32 px tiles 3.2x, 16 px 15x the untiled time). Fewer small tiles (small images, tests) run, with a
+  note in the log. Negative and fractional sizes are refused; 0 / None mean untiled. Negative sizes are
   refused; 0 / None mean untiled."""
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from .errors import InputError
 
 log = logging.getLogger("VAEKit")
 MIN_TILE_PX = 64                  # core's and our nodes' widget minimum
+MAX_SMALL_TILES = 64              # tiles under MIN_TILE_PX beyond this many are refused
 RANGE_SLACK = 0.5                 # refuse images beyond [-0.5, 1.5]; clamp what lies between
 _noted: set[int] = set()
 LATENT_AXES = {4: ("batch", "channels", "height", "width"), 5: ("batch", "channels", "frames", "height", "width")}
@@ -126,24 +128,29 @@ def _size(v, input: str, unit: str) -> int:
         raise InputError(f"{v!r} is not a whole number of {unit}.", input=input, fix=f"give an integer ({unit}).")
     if v < 0:
         raise InputError(f"{int(v)} {unit} is negative.", input=input,
-                         fix="use 0 for no tiling (one pass)" if "overlap" not in input else "use 0 or more")
+                         fix="use 0 for no tiling (one pass)." if "overlap" not in input else "use 0 or more.")
     return int(v)
 
 
-def tiles(tile, overlap, ratio: int) -> tuple[object, int]:
+def tiles(tile, overlap, ratio: int, latent_shape: Sequence[int] = ()) -> tuple[object, int]:
     """Spatial tile size(s) and overlap in pixels, checked; returns them as ints (tile: one int or a
-    tuple per axis, as given)."""
+    tuple per axis, as given). ``latent_shape``: the grid to tile, to count the tiles."""
     overlap = _size(overlap, "overlap", "pixels")
     sizes = tuple(_size(t, "tile", "pixels") for t in (tile if isinstance(tile, (tuple, list)) else (tile,)))
-    for t in sizes:
-        if 0 < t < 2 * ratio:
-            raise InputError(f"a tile of {t} pixels is less than 2 latent pixels ({2 * ratio} px for this VAE): every "
-                             "latent pixel would be its own model call (10x the untiled time or more).", input="tile",
+    per_axis = sizes * len(latent_shape) if len(sizes) == 1 else sizes
+    small = [t for t in per_axis if 0 < t < MIN_TILE_PX]
+    if small:
+        count = math.prod(-(-n // max(1, t // ratio)) if t else 1 for n, t in zip(latent_shape, per_axis))
+        px = "x".join(str(n * ratio) for n in latent_shape)
+        if count > MAX_SMALL_TILES:
+            raise InputError(f"tiles of {min(small)} pixels cut this {px}-pixel image into {count} tiles; below "
+                             f"{MIN_TILE_PX} px a tile's fixed cost and its overlap dominate (16 px tiles: about 15x "
+                             "the untiled time).", input="tile",
                              fix=f"use tiles of {MIN_TILE_PX} pixels or more, or 0 for one untiled pass.")
-        if 0 < t < MIN_TILE_PX and t not in _noted:
-            _noted.add(t)         # once per size: tests and scripts tile tiny tensors on purpose
-            log.info("VAEKit: tiles of %d px run many times slower than tiles of %d px or more (per-tile cost and "
-                     "overlap dominate).", t, MIN_TILE_PX)
+        if min(small) not in _noted:
+            _noted.add(min(small))    # once per size: tests and scripts tile tiny tensors on purpose
+            log.info("VAEKit: tiles of %d px run many times slower than tiles of %d px or more.", min(small),
+                     MIN_TILE_PX)
     return (sizes if isinstance(tile, (tuple, list)) else sizes[0]), overlap
 
 

@@ -101,7 +101,7 @@ def plan_grid(latent_shape: Sequence[int], tile_px, overlap_px: Optional[int], r
     """Plans for each axis from the user's units: tile (one size, or one per axis) and overlap in
     pixels, ``ratio`` pixels per latent pixel. No tile (None/0) means one untiled pass. ``fixed``:
     see ``plan_axis``."""
-    tile_px, overlap_px = checks.tiles(tile_px, overlap_px, ratio)
+    tile_px, overlap_px = checks.tiles(tile_px, overlap_px, ratio, latent_shape)
     tiles = tile_px if isinstance(tile_px, (tuple, list)) else (tile_px,) * len(latent_shape)
     o = (overlap_px or 0) // ratio
     return [plan_axis(n, max(1, t // ratio) if t else 0, o, fixed=fixed) for n, t in zip(latent_shape, tiles)]
