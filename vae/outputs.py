@@ -16,7 +16,7 @@ import secrets
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 from .errors import InputError
 
@@ -135,7 +135,7 @@ class AtomicFiles:
                 pass
 
 
-def one_file(final: PathLike, overwrite: bool = False, input: str = "output") -> Optional[Path]:
+def one_file(final: PathLike, overwrite: bool = False, input: str = "output") -> Path:
     """Refuse to replace an existing file unless asked to."""
     final = Path(final)
     if final.exists() and not overwrite:
