@@ -48,5 +48,7 @@ def images_to_clips(x: torch.Tensor, r: int, one_clip: bool = True) -> torch.Ten
 def center_crop_to_multiple(image: torch.Tensor, r: int) -> torch.Tensor:
     """Core's rule for its own VAE Encode (a core node calling our VAE keeps core's behaviour)."""
     h, w = image.shape[1] // r * r, image.shape[2] // r * r
+    if h == 0 or w == 0:      # smaller than one latent pixel: left for the encoder's check to name its size
+        return image
     y, x = (image.shape[1] % r) // 2, (image.shape[2] % r) // 2
     return image[:, y:y + h, x:x + w]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..vae import checks
 from ..vae.errors import InputError
 from . import _comfy
 from .base import CATEGORY, names_node
@@ -26,6 +27,8 @@ class VAEKitFramewiseDecode:
     RETURN_TYPES = ("IMAGE",)
     OUTPUT_TOOLTIPS = ("Decoded frames [N, H, W, 3] in 0..1, as core's VAE Decode gives them.",)
     FUNCTION = "decode"
+    LIBRARY_INPUTS = {"tile": "tile_size", "overlap": "tile_overlap", "tile_frames": "frames_per_chunk",
+                      "overlap_frames": "overlap"}
     DESCRIPTION = ("Decodes a video LATENT a few latent frames at a time through the model's causal caches: peak "
                    "memory stays that of one chunk however long the clip. " + EXACTNESS)
 
@@ -52,6 +55,8 @@ class VAEKitFramewiseDecode:
                decode_timestep=0.05, decode_noise_scale=0.025, seed=0):
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
+        checks.latent(z)
+        _check_counts(frames_per_chunk, overlap, tile_size)
         r = _temporal_ratio(engine)
         _prepare(engine, "decode", z.shape, tile=tile_size or None,
                  tile_frames=frames_per_chunk * r if r and z.dim() == 5 else None)
@@ -67,6 +72,20 @@ class VAEKitFramewiseDecode:
         return (frames_to_image(images),)
 
 
+def _check_counts(frames_per_chunk, overlap: int, tile_size: int) -> None:
+    """What the widgets allow but a direct call might not give: a bad chunk would loop forever or
+    return nothing; the widget's step lets 1..63 px tiles through, which run many times slower."""
+    if not isinstance(frames_per_chunk, int) or frames_per_chunk < 1:
+        raise InputError(f"{frames_per_chunk!r} latent frames per chunk.", input="frames_per_chunk",
+                         fix="use 1 or more (each latent frame is 4-8 video frames).")
+    if not isinstance(overlap, int) or overlap < 0:
+        raise InputError(f"an overlap of {overlap!r} latent frames.", input="overlap", fix="use 0 or more.")
+    if not isinstance(tile_size, int) or not (tile_size == 0 or tile_size >= checks.MIN_TILE_PX):
+        raise InputError(f"tiles of {tile_size!r} pixels.", input="tile_size",
+                         fix=f"use 0 for whole frames, or {checks.MIN_TILE_PX} pixels or more.")
+
+
+
 def _decode_batches(engine, z: torch.Tensor, chunk: int, opts: dict) -> torch.Tensor:
     """Image latents [N, C, h, w], ``chunk`` at a time into one preallocated IMAGE."""
     progress = _comfy.progress_callback()
@@ -80,4 +99,6 @@ def _decode_batches(engine, z: torch.Tensor, chunk: int, opts: dict) -> torch.Te
         del part
         if progress:
             progress(min(n, i + chunk), n)
+    if out is None:     # unreachable after checks.latent (batch >= 1); an IMAGE or an error, never None
+        raise InputError("the latent holds no samples.", input="samples", fix="check the node that made it.")
     return out

@@ -6,12 +6,15 @@ SaveLatent). ``validate_prompt`` is the same check ComfyUI makes before it runs 
 classes, required inputs, link types, INT/FLOAT ranges and combo values."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
+from ..vae import outputs
+from ..vae.errors import InputError, VAEKitError
 from ..vae.imageio import read_image, write_image
 from ..vae.latents import read_latent_file, write_latent_file
 from . import NODE_CLASS_MAPPINGS
@@ -26,16 +29,26 @@ def _files(folder: Optional[Path], suffixes: tuple[str, ...]) -> list[str]:
 class _Dirs:
     input: Optional[Path] = None
     output: Optional[Path] = None
-    counter: dict[str, int] = {}
 
 
-def _save_name(prefix: str, ext: str) -> Path:
-    _Dirs.output.mkdir(parents=True, exist_ok=True)
-    n = _Dirs.counter.get(prefix, 0) + 1
-    _Dirs.counter[prefix] = n
-    path = _Dirs.output / f"{prefix}_{n:05d}_{ext}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
+class WorkflowError(InputError):
+    """A workflow that cannot run, with every problem found (one per line)."""
+
+    def __init__(self, problem: str, problems: Sequence[str] = (), fix: Optional[str] = None):
+        super().__init__(problem, fix=fix)
+        self.problems = list(problems)
+
+
+def _save_all(prefix: str, ext: str, items: Sequence, write, width: int = 0, height: int = 0) -> list[str]:
+    """Save Image's naming (ComfyUI's counters, never overwriting, prefix confined to the output
+    folder) and all-or-nothing writes (vae/outputs.py)."""
+    folder, name, counter = outputs.save_path(prefix, _Dirs.output, width, height)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [outputs.numbered(folder, name, counter + i, ext) for i in range(len(items))]
+    with outputs.AtomicFiles() as files:
+        for path, item in zip(paths, items):
+            write(files.temp(path), item)
+    return [str(p) for p in paths]
 
 
 class LoadImage:
@@ -58,12 +71,8 @@ class SaveImage:
         return {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING", {"default": "ComfyUI"})}}
 
     def save(self, images, filename_prefix="ComfyUI"):
-        paths = []
-        for img in images:
-            path = _save_name(filename_prefix, ".png")
-            write_image(path, img)
-            paths.append(str(path))
-        return {"ui": {"images": paths}}
+        return {"ui": {"images": _save_all(filename_prefix, ".png", images, write_image,
+                                           images.shape[2], images.shape[1])}}
 
 
 class PreviewImage(SaveImage):
@@ -94,9 +103,7 @@ class SaveLatent:
         return {"required": {"samples": ("LATENT",), "filename_prefix": ("STRING", {"default": "latents/ComfyUI"})}}
 
     def save(self, samples, filename_prefix="latents/ComfyUI"):
-        path = _save_name(filename_prefix, ".latent")
-        write_latent_file(path, samples["samples"])
-        return {"ui": {"latents": [str(path)]}}
+        return {"ui": {"latents": _save_all(filename_prefix, ".latent", [samples["samples"]], write_latent_file)}}
 
 
 # Core's VAE nodes, making exactly the calls core makes on whatever is on the VAE socket: running
@@ -177,9 +184,13 @@ def validate_prompt(prompt: dict, classes: Optional[dict] = None) -> list[str]:
     """Every problem ComfyUI's validation would report, as readable lines (empty: valid)."""
     classes = classes or node_classes()
     errors = []
-    if not any(getattr(classes.get(n.get("class_type")), "OUTPUT_NODE", False) for n in prompt.values()):
+    if not any(getattr(classes.get(n.get("class_type")), "OUTPUT_NODE", False) for n in prompt.values()
+               if isinstance(n, dict)):
         errors.append("prompt has no output node (ComfyUI rejects it: 'Prompt has no outputs')")
     for nid, node in prompt.items():
+        if not isinstance(node, dict) or not isinstance(node.get("inputs", {}), dict):
+            errors.append(f"#{nid}: not a node (an API-format node is {{\"class_type\": ..., \"inputs\": {{...}}}})")
+            continue
         cls = classes.get(node.get("class_type"))
         if cls is None:
             errors.append(f"#{nid}: unknown node class '{node.get('class_type')}'")
@@ -227,17 +238,67 @@ def _check_value(value, decl, prompt, classes) -> list[str]:
     return [f"data input {kind} given a literal {value!r}"]
 
 
+def check_api_format(prompt, name: str = "the workflow") -> dict:
+    """An API-format prompt ({node id: {"class_type", "inputs"}}), or a WorkflowError saying what it is."""
+    if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), dict):
+        prompt = prompt["prompt"]            # the body of a POST /prompt
+    if isinstance(prompt, dict) and "nodes" in prompt and "links" in prompt:
+        raise WorkflowError(f"{name} is a UI-format workflow (what you drag into ComfyUI); this runs the API format.",
+                            fix="use the *_api.json file beside it, or save the graph with ComfyUI's "
+                                "'Export (API)'.")
+    if not isinstance(prompt, dict) or not prompt:
+        raise WorkflowError(f"{name} is not an API-format workflow (a JSON object of nodes); it holds "
+                            f"{'an empty object' if prompt == {} else 'a ' + type(prompt).__name__}.",
+                            fix="use an *_api.json workflow (workflows/ has some).")
+    return prompt
+
+
+def read_workflow(path) -> dict:
+    """An API-format workflow from a JSON file, with one clear error for each way it can be wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise WorkflowError(f"no workflow file at '{path}'.", fix="check the path.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise WorkflowError(f"'{path.name}' is not a text file.", fix="give a workflow .json file.") from None
+    except ValueError as e:
+        raise WorkflowError(f"'{path.name}' is not valid JSON ({e}).", fix="give a workflow .json file.") from None
+    sibling = path.with_name(path.stem + "_api.json")
+    try:
+        return check_api_format(data, f"'{path.name}'")
+    except WorkflowError as e:
+        if sibling.is_file() and "UI-format" in e.problem:
+            e.fix = f"run '{sibling.name}' (the same graph in API format)."
+            e.args = (e._text(),)
+        raise
+
+
+def _check_outputs(prompt: dict) -> list[str]:
+    """Literal filename prefixes checked before anything runs (ComfyUI would fail at the save)."""
+    problems = []
+    for nid, node in prompt.items():
+        prefix = node.get("inputs", {}).get("filename_prefix")
+        if isinstance(prefix, str):
+            try:
+                outputs.save_path(prefix, _Dirs.output)
+            except InputError as e:
+                problems.append(f"#{nid} {node['class_type']}.filename_prefix: {e.problem} Fix: {e.fix}")
+    return problems
+
+
 def run_prompt(prompt: dict, input_dir=None, output_dir=None, model_dirs=None) -> dict[str, Any]:
     """Validate, then execute the graph in dependency order; returns each output node's 'ui'."""
+    prompt = check_api_format(prompt)
     _Dirs.input = Path(input_dir) if input_dir else None
-    _Dirs.output = Path(output_dir or "output")
-    _Dirs.counter = {}
+    _Dirs.output = Path(os.path.abspath(output_dir or "output"))
     if model_dirs:
         os.environ["VAEKIT_MODEL_DIRS"] = os.pathsep.join(str(d) for d in model_dirs)
     classes = node_classes()
     errors = validate_prompt(prompt, classes)
+    errors += _check_outputs(prompt) if not errors else []
     if errors:
-        raise ValueError("invalid workflow:\n  " + "\n  ".join(errors))
+        raise WorkflowError(f"invalid workflow: {len(errors)} problem(s): " + "; ".join(errors), errors)
     results: dict[str, Any] = {}
     ui: dict[str, Any] = {}
 
@@ -245,12 +306,17 @@ def run_prompt(prompt: dict, input_dir=None, output_dir=None, model_dirs=None) -
         if nid in results:
             return results[nid]
         if nid in stack:
-            raise ValueError(f"workflow has a cycle through node {nid}")
+            raise WorkflowError(f"the workflow has a cycle through node {nid}.", fix="remove the loop.")
         node = prompt[nid]
         args = {k: (run(v[0], stack + (nid,))[v[1]] if _is_link(v) else v) for k, v in node["inputs"].items()}
         cls = classes[node["class_type"]]
-        with torch.inference_mode():
-            out = getattr(cls(), cls.FUNCTION)(**args)
+        try:
+            with torch.inference_mode():
+                out = getattr(cls(), cls.FUNCTION)(**args)
+        except VAEKitError as e:      # core stand-ins do not name themselves; ComfyUI shows the node
+            if e.node is None:
+                e.for_node(f"{node['class_type']} (node {nid})")
+            raise
         if isinstance(out, dict):
             ui[nid] = out.get("ui", {})
             out = out.get("result", ())

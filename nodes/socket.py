@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..vae import VAE, from_state_dict, tiling
+from ..vae import VAE, checks, from_state_dict, tiling
 from ..vae.errors import InputError, VAEKitError
 from ..vae.handle import check_divisible
 from . import _comfy
@@ -158,6 +158,7 @@ class CoreVAEEngine:
     def decode(self, z, tile=None, overlap=None, progress=None, out_device=None, tile_frames=None,
                overlap_frames=None, mode="fast", **options):
         self._fast_only(mode)
+        checks.latent(z)
 
         def fn(t):
             return self.core.decode(t).movedim(-1, 1).float()
@@ -172,6 +173,7 @@ class CoreVAEEngine:
         def fn(t):   # core takes IMAGE batches; a video VAE makes the batch one clip
             return self.core.encode((t[0].movedim(0, -1) if self.is_video else t.movedim(1, -1))).float()
         r = self.ratio
+        x = checks.image(x, int(getattr(self.core, "output_channels", 3)), r, self.is_video)
         check_divisible(*x.shape[-2:], r, self.name)
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:

@@ -57,6 +57,9 @@ _MODE = (["fast", "exact"], {"default": "fast",
                                "chunk by chunk through its causal caches, so memory stays flat in the frame count; "
                                "others run the whole clip per tile."})
 _TILING = {"tile_size": _TILE, "overlap": _OVERLAP, "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP}
+# the library's argument -> this node's input, for error messages
+_TILING_INPUTS = {"tile": "tile_size", "overlap": "overlap", "tile_frames": "temporal_size",
+                  "overlap_frames": "temporal_overlap"}
 
 
 class VAEKitTiledDecode:
@@ -65,6 +68,7 @@ class VAEKitTiledDecode:
     RETURN_TYPES = ("IMAGE",)
     OUTPUT_TOOLTIPS = ("Decoded images [N, H, W, 3] in 0..1.",)
     FUNCTION = "decode"
+    LIBRARY_INPUTS = _TILING_INPUTS
     DESCRIPTION = ("Decodes a LATENT tile by tile into one preallocated image: memory is bounded by the tile, "
                    "time stays close to an untiled decode (one pass, no repeated passes).")
 
@@ -101,6 +105,7 @@ class VAEKitTiledEncode:
     OUTPUT_TOOLTIPS = ("The latent, in the layout the VAE's diffusion model expects (Flux.2: 128 channels, packed "
                        "2x2 and normalised by the VAE's BatchNorm statistics, as core's VAE Encode gives it).",)
     FUNCTION = "encode"
+    LIBRARY_INPUTS = _TILING_INPUTS
     DESCRIPTION = "Encodes images tile by tile into one preallocated latent; memory is bounded by the tile."
 
     @classmethod

@@ -1,8 +1,6 @@
 """Helpers shared by the tests: the pack imported as a package, tiny reference models."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,15 +11,10 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def load_pack():
-    """Import the repo root as the package 'vaekit', as ComfyUI imports a custom node folder."""
-    if "vaekit" in sys.modules:
-        return sys.modules["vaekit"]
-    spec = importlib.util.spec_from_file_location("vaekit", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["vaekit"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """Import the repo root as the package 'vaekit', as ComfyUI imports a custom node folder; its
+    library is this ``vae`` (one copy, one set of classes: vae/pack.py)."""
+    from vae.pack import load_pack as load
+    return load()
 
 
 def module_attrs(model: torch.nn.Module) -> dict:

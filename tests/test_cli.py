@@ -1,12 +1,20 @@
-"""The headless main job: `python -m vae ...` from the repo root, as the README gives it."""
+"""The headless main job: `python -m vae ...` from the repo root, as the README gives it; and the
+CLI's contract for mistakes: one line per error, exit 2 for usage and 1 for failures, no traceback
+unless --debug, outputs checked before any work, whole writes, counters, prefixes confined."""
 from __future__ import annotations
 
+import errno
+import json
 import subprocess
 import sys
+
+import pytest
+import torch
 
 from helpers import ROOT
 
 DEMO = ROOT / "vae" / "demo"
+WEIGHTS = DEMO / "vaekit_demo.safetensors"
 
 
 def vae_cli(*args, cwd=ROOT):
@@ -16,21 +24,206 @@ def vae_cli(*args, cwd=ROOT):
 
 
 def test_info_encode_decode_run(tmp_path):
-    code, out = vae_cli("info", DEMO / "vaekit_demo.safetensors")
+    code, out = vae_cli("info", WEIGHTS)
     assert code == 0 and "TAESD family" in out
     latent = tmp_path / "sample.latent"
-    code, out = vae_cli("encode", "--vae", DEMO / "vaekit_demo.safetensors", "--tile", 256, "--overlap", 32,
+    code, out = vae_cli("encode", "--vae", WEIGHTS, "--tile", 256, "--overlap", 32,
                         "-o", latent, DEMO / "vaekit_sample.png")
     assert code == 0 and latent.is_file(), out
-    code, out = vae_cli("decode", "--vae", DEMO / "vaekit_demo.safetensors", "-o", tmp_path / "dec", latent)
-    assert code == 0 and (tmp_path / "dec_00000.png").is_file(), out
+    code, out = vae_cli("decode", "--vae", WEIGHTS, "-o", tmp_path / "dec", latent)
+    assert code == 0 and (tmp_path / "dec_00001_.png").is_file(), out
     code, out = vae_cli("run", "workflows/image_tiled_roundtrip_api.json", "--models", DEMO, "--input", DEMO,
                         "--output", tmp_path / "out")
     assert code == 0 and "vaekit_roundtrip_00001_.png" in out, out
 
 
-def test_bad_file_is_a_clear_error_not_a_traceback(tmp_path):
+def test_bad_file_is_one_line_without_traceback(tmp_path):
     bad = tmp_path / "vae.safetensors"
     bad.write_bytes(b"\x00" * 12)
     code, out = vae_cli("info", bad)
-    assert code == 2 and out.startswith("error: ") and "Traceback" not in out
+    assert code == 1 and out.startswith("vae: error: ") and out.count("\n") == 1 and "Traceback" not in out
+
+
+# ---- in-process: the same main(), without a new interpreter per case ---------------------------
+
+@pytest.fixture
+def cli(capsys):
+    from vae import cli as module
+
+    def run(*args):
+        code = module.main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A 64x64 crop of the sample as PNG, its latent, and an input folder holding both."""
+    from vae.imageio import read_image, write_image
+    from vae.latents import write_latent_file
+    import vae
+    d = tmp_path_factory.mktemp("inputs")
+    img = read_image(DEMO / "vaekit_sample.png")[:64, :64]
+    write_image(d / "small.png", img)
+    write_latent_file(d / "small.latent", vae.load(WEIGHTS).encode(img.movedim(-1, 0)[None]))
+    write_latent_file(d / "four_channels.latent", torch.randn(1, 4, 8, 8))
+    (d / "batch.latent").write_bytes((d / "small.latent").read_bytes())
+    return d
+
+
+def _one_line(err: str) -> str:
+    assert err.startswith("vae: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_usage_mistakes_exit_2(cli, small):
+    for args, expect in ((("frobnicate",), "invalid choice: 'frobnicate'"),
+                         (("decode", small / "small.latent"), "the following arguments are required: --vae"),
+                         (("decode", "--vae", WEIGHTS, "--tile", "x", small / "small.latent"), "invalid int value"),
+                         (("decode", "--vae", WEIGHTS, "--tile", 16, small / "small.latent"), "--tile 16: tiles are 0"),
+                         (("encode", "--vae", WEIGHTS, "--overlap", -8, small / "small.png"), "--overlap -8")):
+        code, out, err = cli(*args)
+        assert code == 2 and expect in _one_line(err), (args, err)
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if a VAE is loaded: the mistake must be found before any work."""
+    from vae import cli as module
+
+    def load(*a, **k):
+        raise AssertionError("the VAE was loaded before the mistake was reported")
+    monkeypatch.setattr(module, "load", load)
+
+
+def test_failures_exit_1_before_any_work(cli, small, tmp_path, no_work):
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "exists.latent").write_bytes(b"")
+    for args, expect in (
+            (("decode", "--vae", WEIGHTS, "-o", tmp_path / "missing" / "dec", small / "small.latent"),
+             "the output folder '" + str(tmp_path / "missing") + "' does not exist. Fix: create it first"),
+            (("decode", "--vae", WEIGHTS, "-o", tmp_path / "file.txt" / "dec", small / "small.latent"),
+             "is a file, not a folder"),
+            (("decode", "--vae", WEIGHTS, "-o", tmp_path / "dec", small / "small.png"),
+             "'small.png' is a PNG image, not a ComfyUI .latent file. Fix: to encode an image, run"),
+            (("decode", "--vae", WEIGHTS, "-o", tmp_path / "dec", tmp_path / "nope.latent"), "no latent file at"),
+            (("encode", "--vae", WEIGHTS, "-o", tmp_path / "exists.latent", small / "small.png"),
+             "exists. Fix: choose another name, or pass --overwrite"),
+            (("encode", "--vae", WEIGHTS, "-o", tmp_path / "x.latent", tmp_path / "nope.png"), "no image at"),
+            (("encode", "--vae", WEIGHTS, "-o", tmp_path / "x.latent", small / "small.latent"),
+             "cannot read 'small.latent' as an image: it is a safetensors file"),
+            (("run", ROOT / "workflows" / "image_tiled_roundtrip.json", "--output", tmp_path),
+             "is a UI-format workflow (what you drag into ComfyUI); this runs the API format. Fix: run "
+             "'image_tiled_roundtrip_api.json'"),
+            (("run", tmp_path / "file.txt"), "'file.txt' is not valid JSON")):
+        code, out, err = cli(*args)
+        assert code == 1 and expect in _one_line(err), (args, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists.latent", "file.txt"]
+
+
+def test_unwritable_output_folder(cli, small, tmp_path, monkeypatch, no_work):
+    import tempfile
+
+    def refuse(*a, **k):     # tests may run as root, whom permissions do not stop
+        raise PermissionError(errno.EACCES, "Permission denied")
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    code, out, err = cli("decode", "--vae", WEIGHTS, "-o", tmp_path / "dec", small / "small.latent")
+    assert code == 1 and "cannot write to the output folder" in _one_line(err) and "Permission denied" in err
+
+
+def test_debug_shows_the_traceback(cli, tmp_path):
+    code, out, err = cli("--debug", "decode", "--vae", WEIGHTS, "-o", tmp_path / "nope" / "x", tmp_path / "a.latent")
+    assert code == 1 and "Traceback" in err and err.rstrip().splitlines()[-1].startswith("vae: error: ")
+
+
+def test_decode_counts_up_like_save_image(cli, small, tmp_path):
+    for _ in range(2):
+        assert cli("decode", "--vae", WEIGHTS, "-o", tmp_path / "dec", small / "small.latent")[0] == 0
+    (tmp_path / "dec_00007_.png").write_bytes(b"")          # ComfyUI continues after the highest number
+    assert cli("decode", "--vae", WEIGHTS, "-o", tmp_path, small / "small.latent")[0] == 0   # a folder: latent's name
+    assert cli("decode", "--vae", WEIGHTS, "-o", tmp_path / "dec", small / "small.latent")[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dec_00001_.png", "dec_00002_.png", "dec_00007_.png",
+                                                          "dec_00008_.png", "small_00001_.png"]
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()])
+def test_a_failed_write_leaves_nothing(cli, small, tmp_path, monkeypatch, error):
+    from vae import cli as module
+    from vae.imageio import write_image
+    calls = []
+
+    def second_fails(path, image):
+        calls.append(path)
+        if len(calls) == 2:
+            path.write_bytes(b"half a PNG")
+            raise error
+        write_image(path, image)
+    monkeypatch.setattr(module, "write_image", second_fails)
+    batch = small / "batch2.latent"
+    from vae.latents import read_latent_file, write_latent_file
+    write_latent_file(batch, read_latent_file(small / "small.latent").repeat(3, 1, 1, 1))
+    code, out, err = cli("decode", "--vae", WEIGHTS, "-o", tmp_path / "dec", batch)
+    assert code == (130 if isinstance(error, KeyboardInterrupt) else 1) and "no partly written output" in _one_line(err)
+    assert list(tmp_path.iterdir()) == []                    # neither the first PNG nor any temporary
+
+
+def test_latent_write_failure_leaves_no_partial_file(tmp_path, monkeypatch):
+    import safetensors.torch
+    from vae.latents import write_latent_file
+
+    def half(tensors, path):
+        open(path, "wb").write(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(safetensors.torch, "save_file", half)
+    with pytest.raises(OSError):
+        write_latent_file(tmp_path / "x.latent", torch.zeros(1, 4, 2, 2))
+    assert list(tmp_path.iterdir()) == []
+
+
+def _workflow(tmp_path, prefix: str, latent: str = "small.latent"):
+    prompt = json.loads((ROOT / "workflows" / "image_tiled_decode_api.json").read_text())
+    for node in prompt.values():
+        if "filename_prefix" in node["inputs"]:
+            node["inputs"]["filename_prefix"] = prefix
+        if "latent" in node["inputs"]:
+            node["inputs"]["latent"] = latent
+    path = tmp_path / "wf_api.json"
+    path.write_text(json.dumps(prompt))
+    return path
+
+
+@pytest.mark.parametrize("prefix", ["../../escaped", "/tmp/vaekit_absolute", "sub/../../escaped"])
+def test_run_confines_filename_prefix_before_any_work(cli, small, tmp_path, prefix, no_work):
+    out = tmp_path / "deep" / "out"
+    code, _, err = cli("run", _workflow(tmp_path, prefix), "--models", DEMO, "--input", small, "--output", out)
+    assert code == 1 and "filename_prefix" in _one_line(err) and "outside the output folder" in err
+    assert not list(tmp_path.rglob("*escaped*")) and not list(out.iterdir())
+
+
+def test_run_prefix_subfolders_and_counters(cli, small, tmp_path):
+    wf = _workflow(tmp_path, "clips/%width%x%height%/dec")
+    for _ in range(2):
+        code, out, err = cli("run", wf, "--models", DEMO, "--input", small, "--output", tmp_path / "out")
+        assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "out" / "clips" / "64x64").iterdir()) == ["dec_00001_.png",
+                                                                                       "dec_00002_.png"]
+
+
+def test_node_errors_in_run_are_the_clis_error_class(pack, cli, small, tmp_path):
+    """The nodes import the library as vaekit.vae; it is the same module as the CLI's vae, so the
+    CLI's `except VAEKitError` catches a node's error: one line, no 'internal error'."""
+    import vae
+    import vaekit.vae.errors
+    assert vaekit.vae.errors.VAEKitError is vae.VAEKitError and vaekit.vae.VAE is vae.VAE
+    code, out, err = cli("run", _workflow(tmp_path, "x", "four_channels.latent"), "--models", DEMO,
+                         "--input", small, "--output", tmp_path / "out")
+    assert code == 1 and "internal error" not in _one_line(err)
+    assert "Tiled Decode (VAEKit): input 'samples': this latent has 4 channels" in err
+
+
+def test_a_handle_from_the_library_is_a_vae_to_the_nodes(pack):
+    import vae
+    handle = vae.load(WEIGHTS)
+    (images,) = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]().decode({"samples": torch.randn(1, 8, 4, 4)}, handle)
+    assert images.shape == (1, 32, 32, 3)

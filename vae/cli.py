@@ -2,32 +2,61 @@
 
   demo                          encode+decode a sample image with the shipped demo VAE (no downloads)
   info VAE_FILE                 what the loader detects in a file
-  decode --vae F LATENT.latent  decode a ComfyUI .latent file to PNG(s)
+  decode --vae F LATENT.latent  decode a ComfyUI .latent file to PNGs named as ComfyUI's Save Image
   encode --vae F IMAGE...       encode images to a ComfyUI .latent file
   run WORKFLOW_API.json         run an API-format workflow from workflows/ in-process
+
+Errors: one line each on stderr ("vae: error: ..."), exit status 2 for a usage mistake, 1 for a
+failure (a missing or unreadable file, an input the VAE cannot take), 130 when interrupted; --debug
+adds the traceback. Outputs are checked before any work, written whole or not at all, and never
+overwrite earlier outputs (decode and run count up as ComfyUI does; encode refuses an existing file
+unless --overwrite).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-from . import load
-from .errors import VAEKitError
+from . import checks, load, outputs
+from .errors import InputError, VAEKitError
 from .imageio import read_image, write_image
 from .latents import read_latent_file, write_latent_file
 
-ROOT = Path(__file__).resolve().parents[1]
+PROG = "vae"
+
+
+class UsageError(InputError):
+    """A command-line value that cannot be right whatever the files hold (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):     # one line, not argparse's usage block
+        raise UsageError(f"{message} (`python -m {self.prog} --help` lists the options).")
 
 
 def _peak_mib() -> float:
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _check_tiling(a) -> None:
+    if a.tile < 0 or 0 < a.tile < checks.MIN_TILE_PX:
+        raise UsageError(f"--tile {a.tile}: tiles are 0 (untiled) or at least {checks.MIN_TILE_PX} pixels; smaller "
+                         "ones run many times slower.")
+    if a.overlap < 0:
+        raise UsageError(f"--overlap {a.overlap}: the overlap is 0 or more pixels.")
+
+
+def _exists(path: str, what: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"no {what} at '{p}'.", input=what, fix="check the path.")
+    return p
 
 
 def cmd_info(a) -> None:
@@ -39,46 +68,67 @@ def cmd_info(a) -> None:
     print(f"  encoder {c.can_encode}, decoder {c.can_decode}; config {v.config}")
 
 
+def _decode_target(a) -> tuple[Path, str]:
+    """(output folder, file name prefix): -o names a prefix ('out/dec' -> out/dec_00001_.png) or an
+    existing folder (files named after the latent); default: beside the latent."""
+    latent = Path(a.latent)
+    target = Path(a.output) if a.output else latent.with_suffix("")
+    if target.is_dir():
+        return target, latent.stem
+    return target.parent, target.name
+
+
 def cmd_decode(a) -> None:
-    v = load(a.vae)
+    _check_tiling(a)
+    folder, prefix = _decode_target(a)
+    outputs.check_writable(folder, "-o")
+    _, name, counter = outputs.save_path(prefix, folder, input="-o")      # before the work, as below
     z = read_latent_file(a.latent)
+    v = load(a.vae)
     t = time.perf_counter()
     images = v.decode(z, tile=a.tile, overlap=a.overlap)
     dt = time.perf_counter() - t
-    out = Path(a.output or Path(a.latent).with_suffix(""))
-    for i, img in enumerate(images):
-        path = out.with_name(f"{out.name}_{i:05d}.png")
-        write_image(path, img.movedim(0, -1))
+    counter = outputs.save_path(prefix, folder, input="-o")[2]          # files may have appeared meanwhile
+    paths = [outputs.numbered(folder, name, counter + i, ".png") for i in range(len(images))]
+    with outputs.AtomicFiles() as files:
+        for path, img in zip(paths, images):
+            write_image(files.temp(path), img.movedim(0, -1))
+    for path in paths:
         print(f"wrote {path}")
     print(f"decoded {tuple(z.shape)} -> {tuple(images.shape)} in {dt:.2f} s, peak RSS {_peak_mib():.0f} MiB")
 
 
 def cmd_encode(a) -> None:
+    _check_tiling(a)
+    out = Path(a.output or Path(a.images[0]).with_suffix(".latent"))
+    outputs.check_writable(out.parent, "-o")
+    outputs.one_file(out, a.overwrite, "-o")
+    for p in a.images:
+        _exists(p, "image")
+    x = [read_image(p) for p in a.images]
+    sizes = {tuple(i.shape) for i in x}
+    if len(sizes) > 1:
+        raise InputError(f"the images have different sizes ({', '.join('x'.join(map(str, s[1::-1])) for s in sizes)}); "
+                         "one .latent file holds one batch of one size.", input="images",
+                         fix="encode them separately, or resize them to one size first.")
     v = load(a.vae)
-    x = torch.stack([read_image(p) for p in a.images]).movedim(-1, 1)
+    x = torch.stack(x).movedim(-1, 1)
     t = time.perf_counter()
     z = v.encode(x, tile=a.tile, overlap=a.overlap)
-    out = a.output or str(Path(a.images[0]).with_suffix(".latent"))
+    outputs.one_file(out, a.overwrite, "-o")
     write_latent_file(out, z)
     print(f"encoded {tuple(x.shape)} -> {tuple(z.shape)} in {time.perf_counter() - t:.2f} s, wrote {out}")
 
 
-def _pack():
-    """The node pack imported as a package (its nodes use relative imports), without ComfyUI."""
-    if "vaekit" in sys.modules:
-        return sys.modules["vaekit"]
-    spec = importlib.util.spec_from_file_location("vaekit", ROOT / "__init__.py", submodule_search_locations=[str(ROOT)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["vaekit"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def cmd_run(a) -> None:
-    _pack()
-    from vaekit.nodes.headless import run_prompt   # noqa: E402 (the package exists only now)
-    prompt = json.loads(Path(a.workflow).read_text())
-    prompt = prompt.get("prompt", prompt)
+    from .pack import load_pack
+    load_pack()
+    from vaekit.nodes.headless import read_workflow, run_prompt   # noqa: E402 (the package exists only now)
+    prompt = read_workflow(a.workflow)
+    for d, what in [(a.input, "--input"), *((m, "--models") for m in a.models or ())]:
+        if d is not None and not Path(d).is_dir():
+            raise InputError(f"no folder at '{d}'.", input=what, fix="check the path.")
+    outputs.check_writable(a.output, "--output", create=True)       # ComfyUI creates its output folder too
     t = time.perf_counter()
     ui = run_prompt(prompt, input_dir=a.input, output_dir=a.output, model_dirs=a.models)
     for nid, out in ui.items():
@@ -90,42 +140,89 @@ def cmd_run(a) -> None:
 
 def cmd_demo(a) -> None:
     from .demo import run_demo
+    _check_tiling(a)
+    if a.output:
+        outputs.check_writable(a.output, "--output", create=True)
     run_demo(out_dir=a.output, tile=a.tile, overlap=a.overlap)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vae", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("demo", help="run the embedded demo")
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    def command(name: str, fn, **kw) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, **kw)
+        s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the traceback of an error")
+        s.set_defaults(fn=fn)
+        return s
+
+    s = command("demo", cmd_demo, help="run the embedded demo")
     s.add_argument("--output", help="folder for the reconstructions")
     s.add_argument("--tile", type=int, default=256)
     s.add_argument("--overlap", type=int, default=32)
-    s.set_defaults(fn=cmd_demo)
-    s = sub.add_parser("info", help="describe a VAE file")
+    s = command("info", cmd_info, help="describe a VAE file")
     s.add_argument("vae")
-    s.set_defaults(fn=cmd_info)
     for name, fn in (("decode", cmd_decode), ("encode", cmd_encode)):
-        s = sub.add_parser(name)
+        s = command(name, fn, help=f"{name} with a VAE file")
         s.add_argument("--vae", required=True, help="VAE file (or a TAESD pair by stem)")
-        s.add_argument("--tile", type=int, default=512, help="tile size in pixels (0: untiled)")
+        s.add_argument("--tile", type=int, default=512, help="tile size in pixels (0: untiled; else at least 64)")
         s.add_argument("--overlap", type=int, default=64, help="tile overlap in pixels")
-        s.add_argument("-o", "--output")
         if name == "decode":
+            s.add_argument("-o", "--output", help="file name prefix (out/dec -> out/dec_00001_.png, counting up "
+                                                  "past existing files) or an existing folder")
             s.add_argument("latent")
         else:
+            s.add_argument("-o", "--output", help="the .latent file to write (default: beside the first image)")
+            s.add_argument("--overwrite", action="store_true", help="replace an existing output file")
             s.add_argument("images", nargs="+")
-        s.set_defaults(fn=fn)
-    s = sub.add_parser("run", help="run an API-format workflow in-process")
+    s = command("run", cmd_run, help="run an API-format workflow in-process")
     s.add_argument("workflow")
     s.add_argument("--models", action="append", help="folder(s) with VAE files (or vae/ and vae_approx/)")
     s.add_argument("--input", help="folder LoadImage/LoadLatent read from")
-    s.add_argument("--output", default="output", help="folder SaveImage/SaveLatent write to")
-    s.set_defaults(fn=cmd_run)
-    a = p.parse_args(argv)
+    s.add_argument("--output", default="output", help="folder SaveImage/SaveLatent write to (created if missing)")
+    return p
+
+
+def _say(message: str) -> None:
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
     try:
+        a = _parser().parse_args(argv)
         a.fn(a)
-    except VAEKitError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except UsageError as e:
+        _say(str(e))
         return 2
+    except VAEKitError as e:
+        if debug:
+            traceback.print_exc()
+        for line in getattr(e, "problems", None) or [str(e)]:
+            _say(line)
+        return 1
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        _say("interrupted (no partly written output is left).")
+        return 130
+    except OSError as e:            # a file system refusal (disk full, permissions) while working
+        if debug:
+            traceback.print_exc()
+        _say(f"{e.strerror or e}" + (f": '{e.filename}'" if e.filename else "") + " (no partly written output is "
+             "left).")
+        return 1
+    except Exception as e:   # noqa: BLE001 (no traceback for the user; --debug shows it)
+        if debug:
+            traceback.print_exc()
+        _say(f"{type(e).__name__}: {e} (an internal error: run again with --debug for the traceback and please "
+             "report it).")
+        return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from . import exact, guard, latents, memory, streaming, tiling
+from . import checks, exact, guard, latents, memory, streaming, tiling
 from .errors import InputError
 from .spec import ArchSpec, Capabilities
 
@@ -108,6 +108,7 @@ class VAE:
     # ---- checks --------------------------------------------------------------------------------
     def check_latent(self, z: torch.Tensor, input: str = "samples") -> torch.Tensor:
         """Validate a LATENT tensor and return it on the model's own latent grid (unpacked)."""
+        checks.latent(z, input)
         caps = self.caps
         rank = z.dim()
         if not caps.can_decode:
@@ -146,6 +147,7 @@ class VAE:
 
     def check_image(self, x: torch.Tensor, input: str = "pixels") -> torch.Tensor:
         """Validate images [B, C, H, W] (or clips [B, C, T, H, W] for a video VAE) in 0..1."""
+        x = checks.image(x, self.caps.image_channels, self.caps.spatial_ratio_packed, self.is_video, input)
         caps = self.caps
         if not caps.can_encode:
             raise InputError("this VAE has no encoder (only a decoder file was loaded).", input="vae",

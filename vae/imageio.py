@@ -15,6 +15,9 @@ from typing import Union
 import numpy as np
 import torch
 
+from . import filekind
+from .errors import InputError
+
 PathLike = Union[str, os.PathLike]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -31,7 +34,8 @@ def _to_float(a: np.ndarray, name: str) -> torch.Tensor:
     if a.ndim == 2:
         a = np.repeat(a[:, :, None], 3, axis=2)
     if a.ndim != 3 or a.shape[2] not in (3, 4):
-        raise ValueError(f"'{name}': expected an image [H, W, 3], got shape {a.shape}.")
+        raise InputError(f"'{name}': expected an image [H, W, 3], got shape {a.shape}.", input="image",
+                         fix="give an RGB(A) or greyscale image.")
     a = a[:, :, :3]
     if a.dtype == np.uint8:
         a = a.astype(np.float32) / 255.0
@@ -48,17 +52,31 @@ def _to_uint8(image: torch.Tensor) -> np.ndarray:
 # ---- public API --------------------------------------------------------------------------------
 
 def read_image(path: PathLike) -> torch.Tensor:
-    """An image file (or a .npy array) -> float32 tensor [H, W, 3] in 0..1."""
+    """An image file (or a .npy array) -> float32 tensor [H, W, 3] in 0..1. Unreadable files raise
+    one InputError saying what the file is."""
     path = Path(path)
-    if path.suffix.lower() == ".npy":
-        return _to_float(np.load(path, allow_pickle=False), path.name)
-    Image = _pillow()
-    if Image is not None:
-        with Image.open(path) as im:
-            return _to_float(np.asarray(im.convert("RGB")), path.name)
-    if path.suffix.lower() == ".png":
-        return _to_float(read_png(path), path.name)
-    raise ValueError(f"cannot read '{path.name}' without Pillow (only PNG and .npy are built in): install Pillow.")
+    if not path.is_file():
+        raise InputError(f"no image at '{path}'.", input="image", fix="check the path.")
+    try:
+        if path.suffix.lower() == ".npy":
+            return _to_float(np.load(path, allow_pickle=False), path.name)
+        Image = _pillow()
+        if Image is not None:
+            with Image.open(path) as im:
+                return _to_float(np.asarray(im.convert("RGB")), path.name)
+        if path.suffix.lower() == ".png":
+            return _to_float(read_png(path), path.name)
+    except InputError:
+        raise
+    except (OSError, ValueError, SyntaxError, zlib.error) as e:     # Pillow's and numpy's decode errors
+        if str(e).startswith(f"'{path.name}'"):     # the built-in PNG reader's message (may say: install Pillow)
+            raise InputError(str(e), input="image", fix="give a PNG, JPEG or WebP image.") from None
+        kind = filekind.describe(filekind.head(path))
+        what = f"it is {kind}" if kind else str(e)
+        raise InputError(f"cannot read '{path.name}' as an image: {what}.", input="image",
+                         fix="give a PNG, JPEG or WebP image (or a .npy array [H, W, 3]).") from None
+    raise InputError(f"cannot read '{path.name}' without Pillow (only PNG and .npy are built in).", input="image",
+                     fix="install Pillow, or convert the image to PNG.")
 
 
 def write_image(path: PathLike, image: torch.Tensor) -> None:

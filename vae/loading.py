@@ -1,8 +1,10 @@
 """Read a weights file safely, unwrap it, convert its keys, build the model.
 
 .safetensors are memory-mapped; .pth/.pt/.ckpt/.bin go through ``torch.load(weights_only=True)``
-only, so a pickle that would run code is refused, never executed. A file is validated before any
-tensor is used, so a corrupt file fails with a message and no half-built model.
+only, so a pickle that would run code is refused, never executed (pickle_scan.py says why a file was
+refused without unpickling it). A file is validated before any tensor is used (safetensors_header.py),
+and every step a family runs on its tensors is guarded (loadcheck.py), so a malformed file fails with
+one LoadError naming the file, the problem and a fix, and no half-built model.
 
 A full checkpoint (a diffusion model with its VAE under ``vae.`` / ``first_stage_model.``, and for
 LTX-2 an audio VAE and a vocoder beside it) is read for its VAE only: of a .safetensors file, only
@@ -10,51 +12,30 @@ the tensors under the VAE prefix are ever loaded. The file's safetensors metadat
 reaches the families that read hyperparameters from it (``ArchSpec.reads_metadata``)."""
 from __future__ import annotations
 
-import json
 import os
 import re
-import struct
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 from safetensors import safe_open
 
-from . import registry
+from . import filekind, loadcheck, pickle_scan, registry, safetensors_header
 from .archs.tiny import DEC, ENC
 from .errors import LoadError
 from .handle import VAE
 
 PICKLE_SUFFIXES = {".pth", ".pt", ".ckpt", ".bin"}
 SAFETENSORS_SUFFIXES = {".safetensors", ".sft"}
-WRAPPERS = ("state_dict", "model", "module")
 PREFIXES = ("first_stage_model.", "vae.")          # full checkpoints: keep only the VAE part
 STRIP_IF_ALL = ("module.", "model.")               # training wrappers around a bare VAE
 PathLike = Union[str, os.PathLike]
 Select = Callable[[list[str]], Iterable[str]]      # the keys of a file -> the keys to read
 
 
-def _check_safetensors(path: Path) -> dict:
-    """Validate the header and that the file is long enough for every tensor it declares; the
-    header (with its ``__metadata__``, if any)."""
-    size = path.stat().st_size
-    fix = "the file is incomplete or corrupt: download it again (compare its size or hash with the source)."
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise LoadError(f"'{path.name}' is {size} bytes, too short to be a safetensors file.", fix=fix)
-        n = struct.unpack("<Q", head)[0]
-        if n > size - 8:
-            raise LoadError(f"'{path.name}' declares a {n}-byte header but has only {size} bytes.", fix=fix)
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as e:
-            raise LoadError(f"'{path.name}' has an unreadable safetensors header ({e}).", fix=fix) from None
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    if 8 + n + end > size:
-        raise LoadError(f"'{path.name}' is truncated: its header needs {8 + n + end} bytes, the file has {size}.",
-                        fix=fix)
-    return header
+def _check_safetensors(path: Path) -> dict[str, str]:
+    """Validate the whole header (see safetensors_header.py) before any tensor is read; its metadata."""
+    return safetensors_header.read_header_and_metadata(path)[1]
 
 
 def _existing(path: PathLike) -> Path:
@@ -70,8 +51,7 @@ def read_metadata(path: PathLike) -> dict[str, str]:
     path = _existing(path)
     if path.suffix.lower() not in SAFETENSORS_SUFFIXES:
         return {}
-    meta = _check_safetensors(path).get("__metadata__") or {}
-    return {str(k): v for k, v in meta.items() if isinstance(v, str)}
+    return dict(_check_safetensors(path))
 
 
 def read_state_dict(path: PathLike, select: Optional[Select] = None) -> dict[str, torch.Tensor]:
@@ -89,40 +69,37 @@ def read_state_dict(path: PathLike, select: Optional[Select] = None) -> dict[str
             raise LoadError(f"'{path.name}' could not be read as safetensors ({e}).",
                             fix="download the file again.") from None
     if suffix in PICKLE_SUFFIXES:
+        data = filekind.head(path)
+        if not (data.startswith(filekind.ZIP) or filekind.looks_like_pickle(data)):
+            raise _not_pytorch(path, data)
         try:
             obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=_is_zip(path))
         except Exception as e:
-            text = str(e)
-            if "weights_only" in text or "Unsupported global" in text or "GLOBAL" in text:
-                raise LoadError(
-                    f"refused to load '{path.name}': it is a pickle that contains Python objects, not only tensors, "
-                    "and unpickling it could run code.",
-                    fix="use a .safetensors version of this VAE, or convert it in a trusted environment.") from None
-            raise LoadError(f"'{path.name}' could not be read ({text.splitlines()[0] if text else type(e).__name__}).",
-                            fix="the file is incomplete or not a PyTorch weights file: download it again.") from None
+            raise pickle_scan.explain(path, e) from None
         sd = _as_tensor_dict(obj, path.name)
         return {k: sd[k] for k in select(list(sd))} if select else sd
     raise LoadError(f"'{path.name}' has an unknown extension '{suffix}'.",
                     fix="use .safetensors (preferred), .pth, .pt, .ckpt or .bin.")
 
 
+def _not_pytorch(path: Path, data: bytes) -> LoadError:
+    kind = filekind.describe(data)
+    if kind == "a safetensors file":
+        return LoadError(f"'{path.name}' is a safetensors file with a {path.suffix} name.",
+                         fix="rename it to .safetensors.")
+    what = f"it is {kind}" if kind else \
+        f"its first bytes ({filekind.first_bytes(data)}) are neither a zip archive nor a pickle"
+    fix = filekind.lfs_fix() if kind and "LFS" in kind else \
+        "the file is incomplete, corrupt or not a weights file: download the VAE again."
+    return LoadError(f"'{path.name}' is not a PyTorch weights file: {what}.", fix=fix)
+
+
 def _is_zip(path: Path) -> bool:
-    with path.open("rb") as f:
-        return f.read(4) == b"PK\x03\x04"
+    return filekind.head(path, 4) == filekind.ZIP
 
 
 def _as_tensor_dict(obj, name: str) -> dict[str, torch.Tensor]:
-    for _ in range(3):  # nested wrappers such as {"state_dict": {...}}
-        if isinstance(obj, Mapping):
-            inner = next((obj[w] for w in WRAPPERS if isinstance(obj.get(w), Mapping)), None)
-            if inner is not None and not any(torch.is_tensor(v) for v in obj.values()):
-                obj = inner
-                continue
-        break
-    if not isinstance(obj, Mapping):
-        raise LoadError(f"'{name}' holds a {type(obj).__name__}, not a state dict.",
-                        fix="load a file of tensors (a state dict).")
-    return {k: v for k, v in obj.items() if torch.is_tensor(v)}
+    return loadcheck.tensor_entries(obj, f"'{name}'")
 
 
 def _vae_prefix(keys: Iterable[str]) -> Optional[str]:
@@ -190,33 +167,40 @@ def from_state_dict(sd: Mapping[str, torch.Tensor], name_hint: Optional[str] = N
                     metadata: Optional[Mapping[str, str]] = None) -> VAE:
     """``metadata``: the file's safetensors metadata, for families whose files carry hyperparameters
     there (LTX-2's ``config``); the others read everything from the weights."""
-    sd = unwrap(sd)
+    sd = unwrap(loadcheck.tensor_entries(sd, source))
+    if not sd:
+        raise LoadError(f"{source} holds no tensors.", fix="load a VAE weights file.")
     spec = registry.detect(sd, source)
-    sd = spec.to_canonical(sd)
-    if spec.reads_metadata:
-        config = spec.config_from_state_dict(sd, name_hint, metadata=dict(metadata or {}))
-    else:
-        config = spec.config_from_state_dict(sd, name_hint)
-    sd = spec.complete_state_dict(sd, config)
-    with torch.device("meta"):
-        model = spec.build(config)
-    missing, unexpected, reshaped = _compare(model, sd)
+    tracked = loadcheck.Tracked()
+    with loadcheck.family_step(spec.name, source, tracked):
+        tracked.update(spec.to_canonical(sd))
+        if spec.reads_metadata:
+            config = spec.config_from_state_dict(tracked, name_hint, metadata=dict(metadata or {}))
+        else:
+            config = spec.config_from_state_dict(tracked, name_hint)
+        sd = spec.complete_state_dict(dict(tracked), config)
+        spec.capabilities(config)
+        with torch.device("meta"):
+            model = spec.build(config)
+        missing, unexpected, reshaped = _compare(model, sd)
+        described = spec.describe(config) or spec.name
     if missing or unexpected or reshaped:
-        raise LoadError(
-            f"{source} looks like {spec.describe(config)} but does not match it: "
-            f"{len(missing)} keys missing (e.g. {', '.join(missing[:3])}), {len(unexpected)} unexpected "
-            f"(e.g. {', '.join(unexpected[:3])}), {len(reshaped)} with other shapes (e.g. {', '.join(reshaped[:3])}).",
-            fix="the file may be a different variant or damaged; please report it with the key list.")
-    model.load_state_dict(sd, strict=True, assign=True)
+        raise LoadError(f"{source} looks like {described} but does not match it: "
+                        f"{loadcheck.mismatch(missing, unexpected, reshaped)}.", fix=loadcheck.DAMAGED_FIX)
+    loadcheck.check_weights(sd, source, described, expected=model.state_dict())
+    with loadcheck.family_step(spec.name, source):
+        model.load_state_dict(sd, strict=True, assign=True)
     model.eval().requires_grad_(False)
     return VAE(spec, config, model, dtype=dtype, device=device, source=source)
 
 
 def _compare(model, sd) -> tuple[list[str], list[str], list[str]]:
-    """Missing keys, unexpected keys, and keys whose shape differs: checked before any weight is
-    assigned, so a mismatch is a LoadError rather than torch's RuntimeError half-way through."""
+    """Missing keys, unexpected keys, and keys whose shape differs (as "key is [..], the model takes
+    [..]"): checked before any weight is assigned, so a mismatch is a LoadError rather than torch's
+    RuntimeError half-way through."""
     want = model.state_dict()
-    reshaped = [k for k in sorted(want.keys() & sd.keys()) if tuple(want[k].shape) != tuple(sd[k].shape)]
+    reshaped = [f"'{k}' is {list(sd[k].shape)}, the model takes {list(want[k].shape)}"
+                for k in sorted(want.keys() & sd.keys()) if tuple(want[k].shape) != tuple(sd[k].shape)]
     return sorted(want.keys() - sd.keys()), sorted(sd.keys() - want.keys()), reshaped
 
 

@@ -5,6 +5,7 @@ from typing import Mapping
 
 import torch
 
+from . import loadcheck
 from .archs import consistency, flux2, hunyuan_video, hunyuan_video15, kl, ltx, magvit, mochi, tiny, wan
 from .errors import LoadError
 from .spec import ArchSpec
@@ -19,8 +20,9 @@ REGISTRY: tuple[ArchSpec, ...] = (consistency.SPEC, wan.SPEC, mochi.SPEC, tiny.S
 
 def detect(sd: Mapping[str, torch.Tensor], source: str = "state dict") -> ArchSpec:
     for spec in REGISTRY:
-        if spec.detect(sd):
-            return spec
+        with loadcheck.family_step(spec.name, source):   # a detect that trips on an odd tensor names it
+            if spec.detect(sd):
+                return spec
     first = ", ".join(sorted(sd.keys())[:8]) or "(no tensors)"
     tried = ", ".join(s.name for s in REGISTRY)
     raise LoadError(

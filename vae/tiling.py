@@ -16,6 +16,8 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
+from . import checks
+
 Progress = Callable[[int, int], None]
 
 
@@ -99,6 +101,7 @@ def plan_grid(latent_shape: Sequence[int], tile_px, overlap_px: Optional[int], r
     """Plans for each axis from the user's units: tile (one size, or one per axis) and overlap in
     pixels, ``ratio`` pixels per latent pixel. No tile (None/0) means one untiled pass. ``fixed``:
     see ``plan_axis``."""
+    tile_px, overlap_px = checks.tiles(tile_px, overlap_px, ratio, latent_shape)
     tiles = tile_px if isinstance(tile_px, (tuple, list)) else (tile_px,) * len(latent_shape)
     o = (overlap_px or 0) // ratio
     return [plan_axis(n, max(1, t // ratio) if t else 0, o, fixed=fixed) for n, t in zip(latent_shape, tiles)]
@@ -107,6 +110,7 @@ def plan_grid(latent_shape: Sequence[int], tile_px, overlap_px: Optional[int], r
 def plan_frames(latent_frames: int, tile_frames: Optional[int], overlap_frames: Optional[int], r: int) -> AxisPlan:
     """The causal time axis from pixel frames: a tile of ``tile_frames`` frames holds
     ``tile_frames // r`` latent frames (at least 2: one of context, one of output)."""
+    tile_frames, overlap_frames = checks.frames(tile_frames, overlap_frames)
     tile = max(2, tile_frames // r) if tile_frames else 0
     return plan_axis(latent_frames, tile, -(-(overlap_frames or 0) // r), causal=True)
 

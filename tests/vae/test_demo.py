@@ -74,6 +74,7 @@ def test_png_round_trip_without_pillow(tmp_path, no_pillow):
     assert torch.equal(imageio.read_image(tmp_path / "x.npy"), img)
     sample = imageio.read_image(SAMPLE)
     assert sample.shape == (512, 512, 3)
+    (tmp_path / "x.jpg").write_bytes(b"\xff\xd8\xff" + bytes(16))
     with pytest.raises(ValueError, match="install Pillow"):
         imageio.read_image(tmp_path / "x.jpg")
 

@@ -83,7 +83,12 @@ def _from_diffusers(sd) -> dict:
     fused = {}
     for key in [k for k in out if k.endswith(".attn.to_q.weight")]:
         stem = key[: -len("to_q.weight")]
-        fused[stem + "qkv.weight"] = torch.cat([out.pop(stem + f"to_{p}.weight") for p in "qkv"])
+        parts = [out.pop(stem + f"to_{p}.weight") for p in "qkv"]
+        if len({(p.dtype, p.shape[1:]) for p in parts}) > 1 or parts[0].dim() != 2:
+            # torch.cat would promote a stray integer tensor or fail with no key named
+            raise ValueError(f"cannot fuse {stem}to_q/to_k/to_v.weight: their shapes "
+                             f"{[list(p.shape) for p in parts]} or dtypes {[str(p.dtype) for p in parts]} differ")
+        fused[stem + "qkv.weight"] = torch.cat(parts)
     out.update(fused)
     return out
 
