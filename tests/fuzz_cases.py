@@ -353,8 +353,12 @@ def families() -> dict[str, Callable[[], Sd]]:
             decoder_down_block_types=("ResnetDownsampleBlock2D",) * 2,
             decoder_up_block_types=("ResnetUpsampleBlock2D",) * 2).state_dict()
 
+    def flux2():
+        import diffusers_flux2
+        return diffusers_flux2.model().state_dict()
+
     out = {"kl": lambda: diffusers_kl().state_dict(), "tiny": lambda: diffusers_tiny().state_dict(),
-           "consistency": consistency}
+           "consistency": consistency, "flux2": flux2}
     out.update({f: (lambda f=f: tiny_state_dict(f)) for f in FAMILIES})
     return out
 
