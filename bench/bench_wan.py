@@ -25,7 +25,8 @@ Runs:
   diffusers        AutoencoderKLWan.decode (one latent frame at a time, its definition)
   diffusers_tiled  the same after enable_tiling() (256/192 px tiles, blended)
   core             comfy.sd.VAE.decode (ComfyUI's VAE Decode)
-  core_tiled       ComfyUI's VAE Decode (Tiled) node at its defaults (512/64 px, 64/8 frames)
+  core_tiled       ComfyUI's VAE Decode (Tiled) node (its defaults 512/64 px, 64/8 frames; --core-tile
+                   sets the tile, overlap a quarter of it, to compare seams at our tile size)
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def _decoder(args, tmp: Path):
             return v.first_stage_model, lambda z: v.decode(z).movedim(-1, 1)
         import nodes
         node = nodes.VAEDecodeTiled()
-        return v.first_stage_model, lambda z: _core_tiled(node, v, z)
+        return v.first_stage_model, lambda z: _core_tiled(node, v, z, args.core_tile)
     sys.path.insert(0, str(ROOT))
     import vae
     v = vae.load(tmp / "wan_2.1_vae.safetensors")
@@ -77,9 +78,9 @@ def _decoder(args, tmp: Path):
     return v.model, lambda z: v.decode(z, **kw)
 
 
-def _core_tiled(node, v, z):
-    """Core's VAE Decode (Tiled) node at its defaults; its IMAGE batch [B*T, H, W, 3] back to [B, 3, T, H, W]."""
-    (images,) = node.decode(v, {"samples": z}, 512, 64, 64, 8)
+def _core_tiled(node, v, z, tile: int):
+    """Core's VAE Decode (Tiled) node; its IMAGE batch [B*T, H, W, 3] back to [B, 3, T, H, W]."""
+    (images,) = node.decode(v, {"samples": z}, tile, min(64, tile // 4), 64, 8)
     return images.reshape(z.shape[0], -1, *images.shape[-3:]).movedim(-1, 1)
 
 
@@ -112,7 +113,8 @@ def write_weights(tmp: Path) -> None:
 def run(args, tmp: Path, name: str, t: int) -> dict:
     py = args.comfy_python if name.startswith("core") else sys.executable
     cmd = [py, str(Path(__file__).resolve()), "--worker", name, "--tmp", str(tmp), "--t", str(t),
-           "--threads", str(args.threads), "--tile", str(args.tile), "--comfyui", args.comfyui or ""]
+           "--threads", str(args.threads), "--tile", str(args.tile), "--core-tile", str(args.core_tile),
+           "--comfyui", args.comfyui or ""]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -126,6 +128,7 @@ def main() -> None:
     p.add_argument("--height", type=int, default=128)
     p.add_argument("--width", type=int, default=192)
     p.add_argument("--tile", type=int, default=128, help="our spatial tile, pixels")
+    p.add_argument("--core-tile", type=int, default=512, help="core's VAE Decode (Tiled) tile_size (its default 512)")
     p.add_argument("--runs", default=",".join(RUNS))
     p.add_argument("--flat", action="store_true", help="ours frame-wise and exact at T and 4T latent frames")
     p.add_argument("--threads", type=int, default=2)
