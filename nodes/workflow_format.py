@@ -62,7 +62,7 @@ def api_to_ui(prompt: dict, classes: dict, positions: dict | None = None) -> dic
 
 
 def ui_to_api(workflow: dict, classes: dict) -> dict[str, Any]:
-    links = {l[0]: l for l in workflow["links"]}
+    links = {link[0]: link for link in workflow["links"]}
     prompt = {}
     for node in workflow["nodes"]:
         if node.get("mode", 0) != 0:      # muted / bypassed nodes do not run
@@ -74,8 +74,8 @@ def ui_to_api(workflow: dict, classes: dict) -> dict[str, Any]:
         for name, decl in _inputs(cls):
             sock = by_name.get(name)
             if sock is not None and sock.get("link") is not None:
-                l = links[sock["link"]]
-                inputs[name] = [str(l[1]), l[2]]
+                link = links[sock["link"]]
+                inputs[name] = [str(link[1]), link[2]]
             elif _is_widget(decl) and values:
                 inputs[name] = values.pop(0)
                 if _has_control(name, decl) and values:

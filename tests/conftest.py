@@ -22,7 +22,7 @@ def _seed():
 @pytest.fixture
 def shared_data() -> Path:
     if not (SHARED_DATA / "taef2_decoder.pth").is_file():
-        pytest.skip("../shared/data (real TAEF2 weights) is not beside this checkout")
+        pytest.skip("the real TAEF2 weights are not here: set VAEKIT_TAEF2_DIR or put them in ../shared/data")
     return SHARED_DATA
 
 

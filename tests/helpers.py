@@ -1,13 +1,15 @@
 """Helpers shared by the tests: the pack imported as a package, tiny reference models."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+# the real TAEF2 weights (MIT): $VAEKIT_TAEF2_DIR, else ../shared/data beside the checkout
+SHARED_DATA = Path(os.environ.get("VAEKIT_TAEF2_DIR") or ROOT.parent / "shared" / "data")
 
 
 def load_pack():

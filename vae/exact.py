@@ -143,7 +143,7 @@ def segments(events: Sequence[Event], latent_size: tuple[int, int], in_scale: in
 
     seg = start((Fraction(in_scale),) * 2)
     for e in events:
-        scale = tuple(Fraction(n, l) for n, l in zip(e.size, latent_size))
+        scale = tuple(Fraction(n, m) for n, m in zip(e.size, latent_size))
         if e.kind == "boundary" and not _active(e.module, scale):
             continue
         seg["low"] = [min(a, b) for a, b in zip(seg["low"], scale)]
@@ -327,7 +327,7 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
     # the model's own input checks want whole latent pixels (e.g. sides divisible by 8)
     segs[0] = dataclasses.replace(segs[0], align=tuple(math.lcm(a, in_unit) for a in segs[0].align))
     syncs = [e for e in events if e.kind != "conv" and not (
-        e.kind == "boundary" and not _active(e.module, [Fraction(n, l) for n, l in zip(e.size, small)]))]
+        e.kind == "boundary" and not _active(e.module, [Fraction(n, m) for n, m in zip(e.size, small)]))]
     run = _Run(fn, model, x, latent, segs, syncs, chunks, out_device)
     try:
         return run.go(cores, in_unit, progress)

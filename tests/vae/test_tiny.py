@@ -3,7 +3,6 @@ conventions, and the real TAEF2 weights on a real photograph."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch

@@ -4,7 +4,6 @@ ComfyUI's files, checked against diffusers' own converter; diffusers), variants 
 (RGBA, pruned widths, encoder/decoder only), detection across families."""
 from __future__ import annotations
 
-import re
 
 import pytest
 import torch

@@ -6,7 +6,6 @@ import functools
 import json
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch

@@ -10,7 +10,6 @@ Layouts users have:
   and ``.conv.`` wrapper levels and separate ``to_q/to_k/to_v`` (genmo has one fused ``qkv``)."""
 from __future__ import annotations
 
-import re
 
 import torch
 
