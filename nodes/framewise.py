@@ -40,13 +40,13 @@ class VAEKitFramewiseDecode:
             "frames_per_chunk": ("INT", {"default": 2, "min": 1, "max": 4096, "tooltip":
                                          "Latent frames decoded at a time (each is 4-8 video frames). Fewer use less "
                                          "memory; the result does not change for exact models. " + EXACTNESS}),
-            "overlap": ("INT", {"default": 1, "min": 1, "max": 4096, "tooltip":
+            "overlap": ("INT", {"default": 1, "min": 1, "max": 4096, "advanced": True, "tooltip":
                                 "Latent frames shared by neighbouring chunks for models that cannot stream exactly "
                                 "(HunyuanVideo 1.0, LTX-Video, LTX-2): a chunk's first latent frame is context only, more "
                                 "blends the seam. Ignored by exact ones."}),
             "tile_size": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32, "tooltip":
                                   "Spatial tiles on top, in pixels (0: whole frames). Each tile streams the clip."}),
-            "tile_overlap": ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32, "tooltip":
+            "tile_overlap": ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32, "advanced": True, "tooltip":
                                      "Pixels shared by neighbouring spatial tiles and blended."})},
             "optional": _DECODE_OPTIONS}
 

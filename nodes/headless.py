@@ -15,7 +15,7 @@ import torch
 
 from ..vae import outputs
 from ..vae.errors import InputError, VAEKitError
-from ..vae.imageio import read_image, write_image
+from ..vae.imageio import read_image, write_animated_webp, write_image
 from ..vae.latents import read_latent_file, write_latent_file
 from . import NODE_CLASS_MAPPINGS
 
@@ -82,6 +82,27 @@ class PreviewImage(SaveImage):
 
     def save(self, images, filename_prefix="preview"):
         return super().save(images, "preview")
+
+
+class SaveAnimatedWEBP:
+    """Core's Save Animated WEBP (what video graphs end in where PyAV is not at hand): one animated
+    file per batch at the given frame rate, named and counted as Save Image."""
+    RETURN_TYPES, FUNCTION, OUTPUT_NODE = (), "save", True
+    METHODS = {"default": 4, "fastest": 0, "slowest": 6}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING", {"default": "ComfyUI"}),
+                             "fps": ("FLOAT", {"default": 6.0, "min": 0.01, "max": 1000.0, "step": 0.01}),
+                             "lossless": ("BOOLEAN", {"default": True}),
+                             "quality": ("INT", {"default": 80, "min": 0, "max": 100}),
+                             "method": (list(cls.METHODS),)}}
+
+    def save(self, images, filename_prefix="ComfyUI", fps=6.0, lossless=True, quality=80, method="default"):
+        def write(path, frames):
+            write_animated_webp(path, frames, fps, lossless, quality, self.METHODS[method])
+        return {"ui": {"images": _save_all(filename_prefix, ".webp", [images], write,
+                                           images.shape[2], images.shape[1]), "animated": (True,)}}
 
 
 class LoadLatent:
@@ -168,8 +189,8 @@ class VAELoader:
         raise RuntimeError("core VAELoader needs ComfyUI; run this workflow in ComfyUI")
 
 
-CORE_STANDINS = {c.__name__: c for c in (LoadImage, SaveImage, PreviewImage, LoadLatent, SaveLatent,
-                                         VAEDecode, VAEDecodeTiled, VAEEncode, VAELoader)}
+CORE_STANDINS = {c.__name__: c for c in (LoadImage, SaveImage, PreviewImage, SaveAnimatedWEBP, LoadLatent,
+                                         SaveLatent, VAEDecode, VAEDecodeTiled, VAEEncode, VAELoader)}
 
 
 def node_classes() -> dict[str, type]:

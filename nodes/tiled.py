@@ -16,7 +16,7 @@ _TILE = ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32,
 _OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
                     "tooltip": "Pixels shared by neighbouring tiles and blended (at most half the tile). "
                                "More overlap hides seams better and costs a little more time."})
-_TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4,
+_TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4, "advanced": True,
                      "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; a clip no longer than "
                                 "this is one pass in time. Models that stream through causal caches (Wan, "
                                 "HunyuanVideo 1.5, Mochi, Magvit; the LTX-Video and LTX-2 encoders) take the clip "
@@ -26,22 +26,25 @@ _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4,
                                 "decoder frame depends on 22 latent frames (176 frames; LTX-2.3: 14, 112 frames) "
                                 "either way, so frames nearer a tile edge than that differ from one pass. Ignored "
                                 "by image VAEs."})
-_TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4,
+_TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4, "advanced": True,
                              "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs (at least one "
                                         "latent frame: a later tile's first latent frame is context only, its frames "
                                         "are dropped). Ignored by image VAEs."})
 # Inputs of timestep-conditioned or sampling decoders (LTX-Video 0.9.1+, LTX-2 files with a
-# timestep-conditioned decoder; seed: also the Consistency Decoder); other VAEs ignore them.
+# timestep-conditioned decoder; seed: also the Consistency Decoder); other VAEs ignore them. Marked
+# "advanced" (frontends that know the flag fold them away, as core folds its temporal_size), and the
+# seed is fixed: a randomizing seed would re-run the decode and all after it on every queue.
 _DECODE_OPTIONS = {
-    "decode_timestep": ("FLOAT", {"default": 0.05, "min": 0.0, "max": 1.0, "step": 0.001,
+    "decode_timestep": ("FLOAT", {"default": 0.05, "min": 0.0, "max": 1.0, "step": 0.001, "advanced": True,
                                   "tooltip": "Timestep-conditioned LTX decoders only (LTX-Video 0.9.1+, some LTX-2 "
                                              "files): the timestep the decoder is conditioned on (ComfyUI's "
                                              "default 0.05). Ignored by other VAEs."}),
-    "decode_noise_scale": ("FLOAT", {"default": 0.025, "min": 0.0, "max": 1.0, "step": 0.001,
+    "decode_noise_scale": ("FLOAT", {"default": 0.025, "min": 0.0, "max": 1.0, "step": 0.001, "advanced": True,
                                      "tooltip": "Timestep-conditioned LTX decoders only (LTX-Video 0.9.1+, some "
                                                 "LTX-2 files): share of noise mixed into the latent before decoding "
                                                 "(ComfyUI's default 0.025). Ignored by other VAEs."}),
-    "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF,
+    "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "advanced": True,
+                     "control_after_generate": False,
                      "tooltip": "Seed of the noise a decoder draws, so a decode repeats exactly: LTX-Video 0.9.1+ "
                                 "(the noise above) and the Consistency Decoder (its sampler). Ignored by other VAEs."}),
 }

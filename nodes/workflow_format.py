@@ -21,7 +21,7 @@ def _is_widget(decl) -> bool:
 def _has_control(name: str, decl) -> bool:
     """The frontend stores a 'control after generate' value (fixed/randomize...) after seed widgets."""
     opts = decl[1] if len(decl) > 1 and isinstance(decl[1], dict) else {}
-    return decl[0] == "INT" and (name in ("seed", "noise_seed") or bool(opts.get("control_after_generate")))
+    return decl[0] == "INT" and bool(opts.get("control_after_generate", name in ("seed", "noise_seed")))
 
 
 def api_to_ui(prompt: dict, classes: dict, positions: dict | None = None) -> dict:

@@ -79,6 +79,28 @@ def read_image(path: PathLike) -> torch.Tensor:
                      fix="install Pillow, or convert the image to PNG.")
 
 
+def write_animated_webp(path: PathLike, frames: torch.Tensor, fps: float, lossless: bool = True,
+                        quality: int = 80, method: int = 4) -> None:
+    """Frames [N, H, W, 3] in 0..1 as one animated WebP, as core's Save Animated WEBP writes it."""
+    Image = _pillow()
+    if Image is None:
+        raise ValueError("an animated WebP needs Pillow: install Pillow.")
+    images = [Image.fromarray(_to_uint8(f), "RGB") for f in frames]
+    images[0].save(path, format="WEBP", save_all=True, append_images=images[1:], duration=round(1000 / fps),
+                   lossless=lossless, quality=quality, method=method)
+
+
+def read_frames(path: PathLike) -> torch.Tensor:
+    """Every frame of an animated image [N, H, W, 3] in 0..1 (one frame for a still image)."""
+    Image = _pillow()
+    if Image is None:
+        raise ValueError("reading animated images needs Pillow: install Pillow.")
+    from PIL import ImageSequence
+    with Image.open(path) as im:
+        return torch.stack([_to_float(np.asarray(f.convert("RGB")), Path(path).name)
+                            for f in ImageSequence.Iterator(im)])
+
+
 def write_image(path: PathLike, image: torch.Tensor) -> None:
     """Write a tensor [H, W, 3] in 0..1 (clamped, rounded to 8 bits for image formats)."""
     path = Path(path)

@@ -86,6 +86,36 @@ def test_workflow_validates_and_ui_matches_api(pack, video_dirs, api_path):
         assert nodes[src]["outputs"][slot]["type"] == kind == nodes[dst]["inputs"][dslot]["type"]
 
 
+@pytest.mark.parametrize("ui_path", [p.with_name(p.name.replace("_api.json", ".json")) for p in API],
+                         ids=lambda p: p.stem)
+def test_ui_files_store_every_widget_value(pack, ui_path):
+    """Every widget's value is in the file (and a seed control's only where the input has one), so the
+    graph opens the same in any frontend version instead of taking that version's defaults."""
+    from vaekit.nodes import headless
+    from vaekit.nodes.workflow_format import UPLOAD_WIDGETS, _has_control, _inputs, _is_widget
+    classes = headless.node_classes()
+    for node in json.loads(ui_path.read_text())["nodes"]:
+        linked = {s["name"] for s in node.get("inputs", []) if s.get("link") is not None}
+        widgets = [(n, d) for n, d in _inputs(classes[node["type"]]) if _is_widget(d) and n not in linked]
+        expect = len(widgets) + sum(_has_control(n, d) for n, d in widgets) + len(UPLOAD_WIDGETS.get(node["type"], []))
+        assert len(node["widgets_values"]) == expect, (node["type"], node["widgets_values"])
+
+
+def test_decode_widgets_fit_the_frontend(pack):
+    """A decode never randomizes its seed (ComfyUI's cache would miss on every queue), and inputs that
+    only some VAEs use are 'advanced' (folded away by frontends that know the flag)."""
+    from vaekit.nodes import NODE_CLASS_MAPPINGS as nodes
+    for name in ("VAEKitTiledDecode", "VAEKitFramewiseDecode"):
+        spec = nodes[name].INPUT_TYPES()
+        inputs = {**spec["required"], **spec.get("optional", {})}
+        assert inputs["seed"][1]["control_after_generate"] is False
+        for family_only in ("decode_timestep", "decode_noise_scale", "seed"):
+            assert inputs[family_only][1].get("advanced") is True, (name, family_only)
+    tiled = {**nodes["VAEKitTiledEncode"].INPUT_TYPES()["required"]}
+    assert all(tiled[k][1].get("advanced") for k in ("temporal_size", "temporal_overlap"))
+    assert not tiled["tile_size"][1].get("advanced")
+
+
 def test_validation_catches_bad_workflows(pack, comfy_dirs):
     from vaekit.nodes.headless import validate_prompt
     good = json.loads((WORKFLOWS / "image_tiled_roundtrip_api.json").read_text())
@@ -106,6 +136,7 @@ def _psnr(a, b):
 
 def test_api_workflows_run_headless(pack, comfy_dirs):
     from vaekit.nodes.headless import run_prompt
+    from vaekit.vae.latents import read_latent_file as lib_latent
     from vaekit.vae.imageio import read_image
     load = lambda name: json.loads((WORKFLOWS / name).read_text())
     out = comfy_dirs / "output"
@@ -118,6 +149,8 @@ def test_api_workflows_run_headless(pack, comfy_dirs):
     assert score > 20
     ui = run_prompt(load("image_tiled_encode_api.json"), **kw)
     (latent,) = ui["4"]["latents"]
+    shipped = lib_latent(DEMO / "vaekit_sample.latent")       # the demo latent users copy to input/
+    assert (lib_latent(latent) - shipped).abs().max() <= 1e-4, "vae/demo/vaekit_sample.latent is stale"
     shutil.copy(latent, comfy_dirs / "input" / "vaekit_sample.latent")
     ui = run_prompt(load("image_tiled_decode_api.json"), **kw)
     assert torch.equal(read_image(ui["4"]["images"][0]), read_image(png))   # same tiles, same result
@@ -151,11 +184,11 @@ def _expected(v, z, family, dec):
 @pytest.mark.parametrize("kind", ["tiled", "framewise"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, family, kind):
-    """Load Latent -> VAE Load -> Tiled Decode / Frame-wise Decode (chunked in time here) -> Save Image:
-    one PNG per frame, the frames of the library's own decode with the same settings."""
+    """Load Latent -> VAE Load -> Tiled Decode / Frame-wise Decode (chunked in time here) -> Save
+    Animated WEBP at the model's frame rate: the frames of the library's own decode, same settings."""
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
-    from vaekit.vae.imageio import read_image
+    from vaekit.vae.imageio import read_frames
     api = json.loads((WORKFLOWS / f"video_{kind}_decode_{family}_api.json").read_text())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -170,11 +203,12 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
         want = _expected(v, z, family, dec)
     finally:
         torch.set_num_threads(threads)
-    pngs = ui["4"]["images"]
-    assert len(pngs) == want.shape[2] == 1 + r * (z.shape[2] - 1)
-    for i in (0, len(pngs) // 2, len(pngs) - 1):
+    (webp,) = ui["4"]["images"]                   # Save Animated WEBP: one lossless file, every frame
+    frames = read_frames(webp)
+    assert len(frames) == want.shape[2] == 1 + r * (z.shape[2] - 1)
+    for i in (0, len(frames) // 2, len(frames) - 1):
         frame = want[0, :, i].movedim(0, -1)      # [H, W, 3]
-        assert (read_image(pngs[i]) - frame).abs().max() <= 1 / 255 + 1e-6      # PNG is 8-bit
+        assert (frames[i] - frame).abs().max() <= 1 / 255 + 1e-6      # 8-bit frames
 
 
 def test_flux2_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
