@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import math
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +28,7 @@ PUBLISHED = dict(widths=(128, 256, 512, 512), layers=2, latent=32)
 
 
 def _functions(relpath: str, wanted: dict[str, tuple[str, ...]]) -> dict:
-    """Exec the named functions of one installed diffusers file. ``wanted``: class name ("" for module
+    """The named functions of one installed diffusers file, compiled from its source. ``wanted``: class name ("" for module
     level) -> function names. Annotations stay unevaluated (the file's own future import)."""
     spec = importlib.util.find_spec("diffusers")
     if spec is None:
@@ -47,11 +48,18 @@ def _functions(relpath: str, wanted: dict[str, tuple[str, ...]]) -> dict:
         pytest.fail(f"diffusers' {relpath} no longer has {missing}: update the oracle")
     out = {}
     for name, fn in found.items():
-        ns = {"torch": torch}
+        # the function's code object compiled from its own source, bound to a namespace of ours; its
+        # decorators (torch.no_grad, staticmethod) are left off: they do not change the values
+        fn.decorator_list = []
         future = ast.ImportFrom(module="__future__", names=[ast.alias(name="annotations")], level=0)
         module = ast.fix_missing_locations(ast.Module(body=[future, fn], type_ignores=[]))
-        exec(compile(module, str(path), "exec"), ns)
-        out[name] = ns[fn.name]
+        (code,) = [c for c in compile(module, str(path), "exec").co_consts
+                   if isinstance(c, types.CodeType) and c.co_name == fn.name]
+        f = types.FunctionType(code, {"torch": torch, "__builtins__": __builtins__}, fn.name)
+        f.__defaults__ = tuple(ast.literal_eval(d) for d in fn.args.defaults) or None
+        f.__kwdefaults__ = {a.arg: ast.literal_eval(d) for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults)
+                            if d is not None} or None
+        out[name] = f
     return out
 
 
