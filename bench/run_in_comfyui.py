@@ -13,6 +13,7 @@ the images written. The server is stopped at the end; nothing is left running.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -41,6 +42,7 @@ def _files(base: Path) -> None:
     vae_dir, inp = base / "models" / "vae", base / "input"
     shutil.copy(ROOT / "vae" / "demo" / "vaekit_demo.safetensors", vae_dir)
     shutil.copy(ROOT / "vae" / "demo" / "vaekit_sample.png", inp)
+    shutil.copy(ROOT / "vae" / "demo" / "vaekit_sample.latent", inp)       # what image_tiled_decode loads
     g = torch.Generator().manual_seed(0)
     for api in sorted((ROOT / "workflows").glob("*_api.json")):
         nodes = json.loads(api.read_text()).values()
@@ -73,9 +75,54 @@ def _post(url: str, payload: dict):
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
+            return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
+
+
+@contextlib.contextmanager
+def comfyui_server(comfyui: str, python: str, port: int, extra: tuple[str, ...] = ()):
+    """A ComfyUI server on loopback (CPU) over a fresh base directory holding this pack and the files
+    the graphs name; yields (url, object_info, base). Stopped on the way out, nothing left running."""
+    with tempfile.TemporaryDirectory(prefix="vaekit_comfy_") as tmp:
+        base = Path(tmp)
+        for d in ("custom_nodes", "models/vae", "input", "output"):
+            (base / d).mkdir(parents=True)
+        os.symlink(ROOT, base / "custom_nodes" / "VAEKit")
+        _files(base)
+        url = f"http://127.0.0.1:{port}"
+        with open(base / "server.log", "w") as log:
+            server = subprocess.Popen([python, str(Path(comfyui) / "main.py"), "--cpu", "--listen", "127.0.0.1",
+                                       "--port", str(port), "--disable-auto-launch", "--base-directory", str(base),
+                                       "--database-url", "sqlite:///:memory:", "--disable-api-nodes", *extra],
+                                      cwd=comfyui, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                for _ in range(180):
+                    try:
+                        info = _get(f"{url}/object_info")
+                        break
+                    except (urllib.error.URLError, ConnectionError):
+                        time.sleep(1)
+                else:
+                    sys.exit("ComfyUI did not start: see its log")
+                text = (base / "server.log").read_text()
+                if any("IMPORT FAILED" in line and "VAEKit" in line for line in text.splitlines()):
+                    sys.exit(f"ComfyUI could not import the pack:\n{text[-3000:]}")
+                yield url, info, base
+            finally:
+                server.terminate()
+                server.wait(timeout=30)
+
+
+def wait_for(url: str, prompt_id: str, timeout: float) -> dict:
+    """The prompt's /history entry once it has ended (an empty dict on timeout)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        hist = _get(f"{url}/history/{prompt_id}").get(prompt_id)
+        if hist and hist.get("status", {}).get("completed") is not None:
+            return hist
+        time.sleep(0.5)
+    return {}
 
 
 def main() -> None:
@@ -86,56 +133,25 @@ def main() -> None:
     p.add_argument("--only", help="comma list of workflow names (without _api.json)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per graph")
     a = p.parse_args()
-    url = f"http://127.0.0.1:{a.port}"
-    with tempfile.TemporaryDirectory(prefix="vaekit_comfy_") as tmp:
-        base = Path(tmp)
-        for d in ("custom_nodes", "models/vae", "input", "output"):
-            (base / d).mkdir(parents=True)
-        os.symlink(ROOT, base / "custom_nodes" / "VAEKit")
-        _files(base)
-        log = open(base / "server.log", "w")
-        server = subprocess.Popen([a.python, str(Path(a.comfyui) / "main.py"), "--cpu", "--listen", "127.0.0.1",
-                                   "--port", str(a.port), "--disable-auto-launch", "--base-directory", str(base),
-                                   "--database-url", "sqlite:///:memory:", "--disable-api-nodes"],
-                                  cwd=a.comfyui, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            for _ in range(180):
-                try:
-                    info = _get(f"{url}/object_info")
-                    break
-                except (urllib.error.URLError, ConnectionError):
-                    time.sleep(1)
-            else:
-                sys.exit("ComfyUI did not start: see its log")
-            ours = sorted(k for k in info if k.startswith("VAEKit"))
-            failed = any("IMPORT FAILED" in line and "VAEKit" in line for line in (base / "server.log").read_text().splitlines())
-            print(f"ComfyUI up: {len(info)} nodes, ours: {', '.join(ours)}" + ("; IMPORT FAILED" if failed else ""))
-            names = a.only.split(",") if a.only else [p.name[: -len("_api.json")] for p in
-                                                     sorted((ROOT / "workflows").glob("*_api.json"))]
-            print(f"{'workflow':<40} {'status':<10} {'s':>7}  outputs")
-            for name in names:
-                prompt = json.loads((ROOT / "workflows" / f"{name}_api.json").read_text())
-                t0 = time.time()
-                code, reply = _post(f"{url}/prompt", {"prompt": prompt})
-                if code != 200:
-                    print(f"{name:<40} {'HTTP ' + str(code):<10} {0:>7.1f}  {json.dumps(reply)[:300]}")
-                    continue
-                pid = reply["prompt_id"]
-                while time.time() - t0 < a.timeout:
-                    hist = _get(f"{url}/history/{pid}").get(pid)
-                    if hist and hist.get("status", {}).get("completed") is not None:
-                        break
-                    time.sleep(1)
-                status = (hist or {}).get("status", {}).get("status_str", "timeout")
-                images = sum(len(o.get("images", [])) for o in (hist or {}).get("outputs", {}).values())
-                msgs = [m for m in (hist or {}).get("status", {}).get("messages", []) if m[0] == "execution_error"]
-                note = f"{images} images" + (f"; {msgs[0][1].get('exception_message', '')[:300]}" if msgs else "")
-                print(f"{name:<40} {status:<10} {time.time() - t0:>7.1f}  {note}", flush=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-            log.close()
-
+    with comfyui_server(a.comfyui, a.python, a.port) as (url, info, base):
+        ours = sorted(k for k in info if k.startswith("VAEKit"))
+        print(f"ComfyUI up: {len(info)} nodes, ours: {', '.join(ours)}")
+        names = a.only.split(",") if a.only else [p.name[: -len("_api.json")] for p in
+                                                 sorted((ROOT / "workflows").glob("*_api.json"))]
+        print(f"{'workflow':<40} {'status':<10} {'s':>7}  outputs")
+        for name in names:
+            prompt = json.loads((ROOT / "workflows" / f"{name}_api.json").read_text())
+            t0 = time.time()
+            code, reply = _post(f"{url}/prompt", {"prompt": prompt})
+            if code != 200:
+                print(f"{name:<40} {'HTTP ' + str(code):<10} {0:>7.1f}  {json.dumps(reply)[:300]}")
+                continue
+            hist = wait_for(url, reply["prompt_id"], a.timeout)
+            status = hist.get("status", {}).get("status_str", "timeout")
+            images = sum(len(o.get("images", [])) for o in hist.get("outputs", {}).values())
+            msgs = [m for m in hist.get("status", {}).get("messages", []) if m[0] == "execution_error"]
+            note = f"{images} images" + (f"; {msgs[0][1].get('exception_message', '')[:300]}" if msgs else "")
+            print(f"{name:<40} {status:<10} {time.time() - t0:>7.1f}  {note}", flush=True)
 
 if __name__ == "__main__":
     main()

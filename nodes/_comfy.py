@@ -14,6 +14,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ..vae import progress as progress_module
+
 log = logging.getLogger("VAEKit")
 EXTENSIONS = (".safetensors", ".sft", ".pth", ".pt", ".ckpt", ".bin")
 _PAIR = re.compile(r"^(?P<stem>.+)_(?:encoder|decoder)\.[^.]+$")
@@ -95,7 +97,7 @@ def progress_callback(node_id: Optional[str] = None) -> Optional[Callable[[int, 
     """A progress(done, total) that drives ComfyUI's ProgressBar; its hook also raises on interrupt."""
     utils = _import("comfy.utils")
     if utils is None:
-        return None
+        return progress_module.current()        # outside ComfyUI: the CLI's terminal bar, if any
     bars: dict[int, object] = {}
 
     def progress(done: int, total: int) -> None:

@@ -227,3 +227,53 @@ def test_a_handle_from_the_library_is_a_vae_to_the_nodes(pack):
     handle = vae.load(WEIGHTS)
     (images,) = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]().decode({"samples": torch.randn(1, 8, 4, 4)}, handle)
     assert images.shape == (1, 32, 32, 3)
+
+
+# ---- progress bar: on a terminal only, never with --quiet ---------------------------------------
+
+class _Terminal:
+    """stderr as a terminal: what is written, and isatty() True."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def test_the_bar_counts_up_and_ends_its_line():
+    import io
+
+    from vae.progress import terminal_bar
+    term = _Terminal()
+    bar = terminal_bar(term, label="tiles", min_interval=0)
+    for done in range(1, 5):
+        bar(done, 4)
+    assert "[" + "#" * 15 + "." * 15 + "]    2/4 tiles" in term.text and "ETA" in term.text
+    assert term.text.endswith("\n") and term.text.count("\n") == 1 and "4/4 tiles" in term.text
+    assert terminal_bar(io.StringIO()) is None                 # a file or a pipe: nothing at all
+    assert terminal_bar(term, quiet=True) is None
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_decode_and_run_draw_the_bar_on_a_terminal_unless_quiet(small, tmp_path, monkeypatch, quiet):
+    from vae import cli as module
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    flag = ["-q"] if quiet else []
+    assert module.main(["decode", "--vae", str(WEIGHTS), "--tile", "64", "--overlap", "16", *flag,
+                        "-o", str(tmp_path / "dec"), str(small / "small.latent")]) == 0
+    decoded = term.text
+    assert module.main(["run", str(ROOT / "workflows" / "image_tiled_roundtrip_api.json"), "--models", str(DEMO), "--input",
+                        str(DEMO), "--output", str(tmp_path / "out"), *flag]) == 0
+    if quiet:
+        assert term.text == ""
+    else:
+        assert "tiles" in decoded and decoded.endswith("\n")
+        assert term.text[len(decoded):].count("/") >= 2        # the workflow's encode and decode bars

@@ -6,6 +6,7 @@
   encode --vae F IMAGE...       encode images to a ComfyUI .latent file
   run WORKFLOW_API.json         run an API-format workflow from workflows/ in-process
 
+A progress bar (tiles or chunks done, elapsed, ETA) goes to stderr when it is a terminal; -q hides it.
 Errors: one line each on stderr ("vae: error: ..."), exit status 2 for a usage mistake, 1 for a
 failure (a missing or unreadable file, an input the VAE cannot take), 130 when interrupted; --debug
 adds the traceback. Outputs are checked before any work, written whole or not at all, and never
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import checks, load, outputs
+from . import checks, load, outputs, progress
 from .errors import InputError, VAEKitError
 from .imageio import read_image, write_image
 from .latents import read_latent_file, write_latent_file
@@ -86,7 +87,8 @@ def cmd_decode(a) -> None:
     z = read_latent_file(a.latent)
     v = load(a.vae)
     t = time.perf_counter()
-    images = v.decode(z, tile=a.tile, overlap=a.overlap)
+    with progress.reporting(progress.terminal_bar(sys.stderr, a.quiet, label="tiles")):
+        images = v.decode(z, tile=a.tile, overlap=a.overlap, progress=progress.current())
     dt = time.perf_counter() - t
     counter = outputs.save_path(prefix, folder, input="-o")[2]          # files may have appeared meanwhile
     paths = [outputs.numbered(folder, name, counter + i, ".png") for i in range(len(images))]
@@ -114,7 +116,8 @@ def cmd_encode(a) -> None:
     v = load(a.vae)
     x = torch.stack(x).movedim(-1, 1)
     t = time.perf_counter()
-    z = v.encode(x, tile=a.tile, overlap=a.overlap)
+    with progress.reporting(progress.terminal_bar(sys.stderr, a.quiet, label="tiles")):
+        z = v.encode(x, tile=a.tile, overlap=a.overlap, progress=progress.current())
     outputs.one_file(out, a.overwrite, "-o")
     write_latent_file(out, z)
     print(f"encoded {tuple(x.shape)} -> {tuple(z.shape)} in {time.perf_counter() - t:.2f} s, wrote {out}")
@@ -130,7 +133,8 @@ def cmd_run(a) -> None:
             raise InputError(f"no folder at '{d}'.", input=what, fix="check the path.")
     outputs.check_writable(a.output, "--output", create=True)       # ComfyUI creates its output folder too
     t = time.perf_counter()
-    ui = run_prompt(prompt, input_dir=a.input, output_dir=a.output, model_dirs=a.models)
+    with progress.reporting(progress.terminal_bar(sys.stderr, a.quiet)):     # the nodes' tiles and chunks
+        ui = run_prompt(prompt, input_dir=a.input, output_dir=a.output, model_dirs=a.models)
     for nid, out in ui.items():
         for kind, files in out.items():
             for f in files:
@@ -177,7 +181,9 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("-o", "--output", help="the .latent file to write (default: beside the first image)")
             s.add_argument("--overwrite", action="store_true", help="replace an existing output file")
             s.add_argument("images", nargs="+")
+        s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (drawn only on a terminal)")
     s = command("run", cmd_run, help="run an API-format workflow in-process")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (drawn only on a terminal)")
     s.add_argument("workflow")
     s.add_argument("--models", action="append", help="folder(s) with VAE files (or vae/ and vae_approx/)")
     s.add_argument("--input", help="folder LoadImage/LoadLatent read from")

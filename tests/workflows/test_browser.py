@@ -1,0 +1,30 @@
+"""The UI workflows in ComfyUI's real frontend (headless Chromium): loaded with no unknown node, no
+flagged node and no rejected widget value, queued from the page to success, and an unchanged re-queue
+served from ComfyUI's cache. Runs bench/browser_check.py; skipped unless a browser, its driver,
+selenium and a ComfyUI (COMFYUI_DIR, COMFYUI_PYTHON) are here. All workflows: run the script itself."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+READY = (shutil.which("chromium") or shutil.which("google-chrome")) and shutil.which("chromedriver") \
+    and importlib.util.find_spec("selenium") and os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not READY, reason="needs chromium, chromedriver, selenium, COMFYUI_DIR and COMFYUI_PYTHON")
+def test_workflows_in_the_real_frontend():
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "browser_check.py"),
+                           "--comfyui", os.environ["COMFYUI_DIR"], "--python", os.environ["COMFYUI_PYTHON"],
+                           "--only", "image_tiled_roundtrip,image_qwen_roundtrip,video_framewise_decode_wan"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT / "bench")
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.count(" yes ") == 4          # three graphs and the cached re-queue
