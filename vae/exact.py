@@ -48,6 +48,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from . import distributed
 from . import run as runstate
 from .nn.norm import GroupNorm, group_moments
 from .tiling import Progress
@@ -347,8 +348,9 @@ class _Run:
         self.rounds = list(syncs) + ([_CHUNK] if chunks else [])
         # whole-tensor modules run in this thread; in a stream they keep their state here
         self.whole_memory: Optional[dict] = {} if chunks else None
-        self.cos: list[_Coroutine] = []
+        self.cos: list[_Coroutine] = []      # this rank's tiles (all of them on one process)
         self.out: Optional[torch.Tensor] = None
+        self.comm = distributed.current()
 
     def _body(self, src: torch.Tensor) -> Callable[[_Coroutine], Callable[[], Optional[torch.Tensor]]]:
         fn, model, chunks = self.fn, self.model, self.chunks
@@ -366,6 +368,7 @@ class _Run:
 
     def go(self, cores, in_unit: int, progress) -> torch.Tensor:
         tiles = [Tile(tuple(c), self.latent) for c in itertools.product(*cores)]
+        tiles = [t for i, t in enumerate(tiles) if self.comm.owns(i, len(tiles))]
         n_chunks = len(self.chunks[0]) if self.chunks else 1
         total = len(tiles) * (len(self.rounds) * n_chunks + 1 - bool(self.chunks))
         for tile in tiles:
@@ -374,22 +377,23 @@ class _Run:
         done = 0
         replies: list = [None] * len(self.cos)
         for step in itertools.count():
-            msgs = []
-            for i, co in enumerate(self.cos):
-                reply, replies[i] = replies[i], None
-                msgs.append(co.resume(reply() if callable(reply) else reply))
-                del reply
-                _trim()
-                done += 1
-                if progress:
-                    progress(min(done, total), total)
-            errors = [value for kind, value in msgs if kind == "error"]
-            if errors:
-                raise errors[0]
-            if all(kind == "done" for kind, _ in msgs):
+            msgs, error = [], None
+            try:
+                for i, co in enumerate(self.cos):
+                    reply, replies[i] = replies[i], None
+                    msgs.append(co.resume(reply() if callable(reply) else reply))
+                    del reply
+                    _trim()
+                    done += 1
+                    if progress:              # ComfyUI's interrupt is raised here
+                        progress(min(done, total), total)
+            except BaseException as e:        # noqa: BLE001 - every rank learns of it in step()
+                error = e
+            error = error or next((value for kind, value in msgs if kind == "error"), None)
+            if not self.comm.step(error, any(kind != "done" for kind, _ in msgs)):
                 if not self.chunks:
                     self._write([y for _, y in msgs], None)
-                return self.out
+                return self.comm.sum_(self.out)          # the ranks' cores, assembled on every rank
             i = step % len(self.rounds)
             expect = self.rounds[i]
             _check(step, expect, msgs)
@@ -402,7 +406,7 @@ class _Run:
                 continue
             seg = None if expect.kind == "stats" else self.segs[1 + sum(e.kind != "stats" for e in self.rounds[:i])]
             with runstate.stream(self.whole_memory) if self.chunks else contextlib.nullcontext():
-                replies = _answer(expect, seg, msgs, self.cos, self.latent, self.out_device)
+                replies = _answer(expect, seg, msgs, self.cos, self.latent, self.out_device, self.comm)
         raise AssertionError("unreachable")
 
     def _start(self, tile: Tile, in_unit: int) -> None:
@@ -416,7 +420,9 @@ class _Run:
             if self.out is None:
                 size = [int(n * s) for n, s in zip(self.latent, scales)]
                 lead = y.shape[:-2] if frames is None else (*y.shape[:2], self.chunks[1][-1][1])
-                self.out = torch.empty(*lead, *size, device=self.out_device, dtype=torch.float32)
+                # zeros where other ranks' tiles go: the all-reduce at the end fills them in
+                alloc = torch.empty if self.comm.size == 1 else torch.zeros
+                self.out = alloc(*lead, *size, device=self.out_device, dtype=torch.float32)
             dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(co.tile.core, scales))
             if frames is not None:
                 if y.shape[2] != frames[1] - frames[0]:
@@ -437,12 +443,13 @@ def _check(step: int, expect: Event, msgs) -> None:
                                f"(round {step}: expected {expect.kind}, got {kind} {value and value[0]})")
 
 
-def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device):
-    """One round: every tile paused at the same place; compute what each resumes with."""
+def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=distributed.LOCAL):
+    """One round: every tile paused at the same place; compute what each resumes with. Across ranks
+    (``comm``) the sums and the assembled maps are all-reduced: each rank holds only its tiles."""
     if expect.kind == "stats":
-        s1 = sum(v[2][0] for _, v in msgs)
-        s2 = sum(v[2][1] for _, v in msgs)
-        n = sum(v[2][2] for _, v in msgs)
+        s1 = comm.sum_(sum(v[2][0] for _, v in msgs))
+        s2 = comm.sum_(sum(v[2][1] for _, v in msgs))
+        n = comm.sum_(torch.tensor(float(sum(v[2][2] for _, v in msgs)), dtype=torch.float64)).item()
         mean = s1 / n
         var = (s2 / n - mean.square()).clamp_min(0)
         return [(mean.float(), var.float())] * len(msgs)
@@ -456,9 +463,12 @@ def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device):
         else torch.contiguous_format
     full = torch.empty(*first.shape[:-2], *size, dtype=first.dtype, device=device if whole else out_device,
                        memory_format=fmt)
+    if comm.size > 1:
+        full.zero_()                  # other ranks' cores arrive by the sum
     for co, (_, (_, _, (core, _))) in zip(cos, msgs):
         full[(..., *(slice(int(a * s), int(b * s)) for (a, b), s in zip(co.tile.core, scales)))] = core
     del msgs, first, core
+    full = comm.sum_(full)
     if whole:
         full = expect.module(full)
 

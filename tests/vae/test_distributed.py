@@ -1,0 +1,127 @@
+"""Exact mode across ranks (torch.distributed, gloo, one process per rank on this CPU): every rank's
+result equals the single-process untiled one within 1e-4 for every family with exact mode, decode
+and encode, the time axis streamed and not; a failure or an interrupt on one rank ends the call on
+every rank with that rank's message, and the ranks go on to the next call together.
+
+Spawning a rank costs seconds (torch's import), so one launch per world size runs every case."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from helpers import ROOT, diffusers_kl
+from video_families import FAMILIES, RATIOS, tiny_state_dict
+
+import vae
+
+DEMO = ROOT / "vae" / "demo" / "vaekit_demo.safetensors"      # TAESD architecture, 8x
+
+
+def _cases(d) -> tuple[list[dict], dict]:
+    """The cases and, per case, the single-process untiled result."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    cases, want = [], {}
+
+    def add(name, path, op, x, **kw):
+        save_file({"x": x.contiguous()}, str(d / f"{name}.in.safetensors"))
+        v = vae.load(path)
+        want[name] = getattr(v, op)(x)
+        steps = []                                  # the single-process exact run's work, in steps
+        getattr(v, op)(x, mode="exact", progress=lambda done, total: steps.append(total), **kw)
+        want[name + ".steps"] = steps[-1]
+        cases.append({"name": name, "vae": str(path), "op": op, "input": str(d / f"{name}.in.safetensors"),
+                      "kw": kw})
+    kl = d / "kl.safetensors"
+    save_file({k: t.contiguous() for k, t in diffusers_kl().state_dict().items()}, str(kl))
+    add("kl-decode", kl, "decode", torch.randn(1, 4, 12, 12, generator=g), tile=12)        # 3x3 tiles
+    add("kl-encode", kl, "encode", torch.rand(1, 3, 24, 24, generator=g), tile=12)
+    add("taesd-decode", DEMO, "decode", torch.randn(1, 8, 6, 6, generator=g), tile=24)     # 2x2 tiles
+    for family in FAMILIES:
+        path = d / f"{family}.safetensors"
+        save_file(tiny_state_dict(family), str(path))
+        v = vae.load(path)
+        s, r = RATIOS[family]
+        z = torch.randn(1, v.caps.latent_channels, 3, 4, 4, generator=g)
+        x = torch.rand(1, 3, 1 + 2 * r, 4 * s, 4 * s, generator=g)
+        add(f"{family}-decode", path, "decode", z, tile=2 * s)
+        add(f"{family}-encode", path, "encode", x, tile=2 * s)
+        if v.caps.stream_decode:              # each tile streams its chunks through its causal caches
+            add(f"{family}-decode-streamed", path, "decode", z, tile=2 * s, tile_frames=r)
+        if v.caps.stream_encode:
+            add(f"{family}-encode-streamed", path, "encode", x, tile=2 * s, tile_frames=1 + r)
+    x = torch.randn(1, 4, 12, 12, generator=g)
+    save_file({"x": x}, str(d / "fail.in.safetensors"))
+    for name, extra in (("fail", {"fail_rank": 1}), ("interrupt", {"interrupt_rank": 0}), ("after", {})):
+        cases.append({"name": name, "vae": str(kl), "op": "decode", "input": str(d / "fail.in.safetensors"),
+                      "kw": {"tile": 12}, **extra})
+    want["after"] = vae.load(kl).decode(x)
+    return cases, want
+
+
+def _launch(d, world: int, cases: list[dict]) -> list[dict]:
+    (d / "cases.json").write_text(json.dumps(cases))
+    out = d / f"world{world}"
+    out.mkdir()
+    init = f"file://{d / f'rendezvous{world}'}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "dist_worker.py"), "--rank", str(r), "--world",
+                               str(world), "--init", init, "--cases", str(d / "cases.json"), "--out", str(out)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    logs = [p.communicate(timeout=900)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    reports = [json.loads((out / f"status.{r}.json").read_text()) for r in range(world)]
+    return [r["status"] | {"_dir": str(out), "_steps": r["steps"]} for r in reports]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dist")
+    return d, *_cases(d)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_exact_across_ranks_equals_the_untiled_result(prepared, world):
+    d, cases, want = prepared
+    status = _launch(d, world, cases)
+    out = status[0]["_dir"]
+    for case in cases:
+        name = case["name"]
+        if name in ("fail", "interrupt"):
+            continue
+        for rank in range(world):
+            assert status[rank][name] == "ok", (name, rank, status[rank][name])
+            y = load_file(f"{out}/{name}.{rank}.safetensors")["y"]
+            assert y.shape == want[name].shape, name
+            assert (y - want[name]).abs().max() <= 1e-4, (name, rank, (y - want[name]).abs().max().item())
+        # the work was split: each rank ran only its tiles, together exactly the single-process run's
+        if name == "after":
+            continue
+        shares = [status[rank]["_steps"][name] for rank in range(world)]
+        assert sum(shares) == want[name + ".steps"] and max(shares) < want[name + ".steps"], (name, shares)
+    # a failure on rank 1: every rank stops with rank 1's message
+    for rank in range(world):
+        assert status[rank]["fail"].startswith("RankFailed: rank 1 of"), status[rank]["fail"]
+        assert "injected failure on rank 1" in status[rank]["fail"]
+    # an interrupt on rank 0: rank 0 is interrupted, the others stop saying so
+    assert status[0]["interrupt"].startswith("KeyboardInterrupt")
+    for rank in range(1, world):
+        assert status[rank]["interrupt"].startswith("RankFailed: rank 0 of") and "KeyboardInterrupt" in \
+            status[rank]["interrupt"]
+    # nothing left behind: the next call on the same VAE and group is exact again ("after" checked above)
+
+
+def test_without_a_process_group_the_call_is_local_and_says_how():
+    from vae import distributed
+    assert distributed.current() is distributed.LOCAL
+    with pytest.raises(vae.VAEKitError, match="init_process_group"):
+        with distributed.ranks():
+            pass
