@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from . import checks
+from . import checks, distributed
 
 Progress = Callable[[int, int], None]
 
@@ -169,7 +169,23 @@ def run_tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, plans
                       device=out_device, dtype=out_dtype)
     weights = [axis_weights(p, s) for p, s in zip(plans, out_scale)]
     kept = [out_spans(p, s) for p, s in zip(plans, out_scale)]
-    for done, idx in enumerate(itertools.product(*(range(len(p.spans)) for p in plans)), 1):
+    comm = distributed.current()          # across ranks: each blends its share, the sums add up
+    order = itertools.product(*(range(len(p.spans)) for p in plans))
+    mine = [idx for i, idx in enumerate(order) if comm.owns(i, total)]
+    error = None
+    try:
+        _blend(fn, x, plans, in_scale, out_scale, out_channels, out, weights, kept, mine, progress)
+    except BaseException as e:    # noqa: BLE001 - one rank's failure ends the call on every rank
+        error = e
+    comm.step(error, False)
+    return comm.sum_(out)
+
+
+def _blend(fn, x, plans, in_scale, out_scale, out_channels, out, weights, kept, tiles, progress) -> None:
+    """Run the tiles ``tiles`` (index tuples) and add each, weighted, into ``out``."""
+    k, lead, total = len(plans), x.shape[: x.dim() - len(plans) - 1], len(tiles)
+    out_device, out_dtype = out.device, out.dtype
+    for done, idx in enumerate(tiles, 1):
         spans = [p.spans[i] for p, i in zip(plans, idx)]
         src = x[(..., *(slice(*_span(s, a, b)) for (a, b), s in zip(spans, in_scale)))]
         y = fn(src)
@@ -187,7 +203,6 @@ def run_tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, plans
         del y, src
         if progress:
             progress(done, total)
-    return out
 
 
 def core_spans(length: int, tile: int) -> list[tuple[int, int]]:

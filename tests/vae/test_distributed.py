@@ -1,6 +1,6 @@
 """Exact mode across ranks (torch.distributed, gloo, one process per rank on this CPU): every rank's
 result equals the single-process untiled one within 1e-4 for every family with exact mode, decode
-and encode, the time axis streamed and not; a failure or an interrupt on one rank ends the call on
+and encode, the time axis streamed and not (fast mode: the single-process tiled result); a failure or an interrupt on one rank ends the call on
 every rank with that rank's message, and the ranks go on to the next call together.
 
 Spawning a rank costs seconds (torch's import), so one launch per world size runs every case."""
@@ -29,20 +29,24 @@ def _cases(d) -> tuple[list[dict], dict]:
     g = torch.Generator().manual_seed(0)
     cases, want = [], {}
 
-    def add(name, path, op, x, **kw):
+    def add(name, path, op, x, mode="exact", **kw):
+        """exact: the untiled result is the reference; fast: the single-process tiled one."""
         save_file({"x": x.contiguous()}, str(d / f"{name}.in.safetensors"))
         v = vae.load(path)
-        want[name] = getattr(v, op)(x)
-        steps = []                                  # the single-process exact run's work, in steps
-        getattr(v, op)(x, mode="exact", progress=lambda done, total: steps.append(total), **kw)
+        steps = []                                  # the single-process run's work, in steps
+        tiled = getattr(v, op)(x, mode=mode, progress=lambda done, total: steps.append(total), **kw)
+        want[name] = getattr(v, op)(x) if mode == "exact" else tiled
         want[name + ".steps"] = steps[-1]
         cases.append({"name": name, "vae": str(path), "op": op, "input": str(d / f"{name}.in.safetensors"),
-                      "kw": kw})
+                      "kw": kw, "mode": mode})
     kl = d / "kl.safetensors"
     save_file({k: t.contiguous() for k, t in diffusers_kl().state_dict().items()}, str(kl))
     add("kl-decode", kl, "decode", torch.randn(1, 4, 12, 12, generator=g), tile=12)        # 3x3 tiles
     add("kl-encode", kl, "encode", torch.rand(1, 3, 24, 24, generator=g), tile=12)
     add("taesd-decode", DEMO, "decode", torch.randn(1, 8, 6, 6, generator=g), tile=24)     # 2x2 tiles
+    # fast mode: independent tiles, each rank blends its share; the sum is the one-process result
+    add("kl-decode-fast", kl, "decode", torch.randn(1, 4, 12, 12, generator=g), mode="fast", tile=12, overlap=4)
+    add("taesd-encode-fast", DEMO, "encode", torch.rand(1, 3, 64, 64, generator=g), mode="fast", tile=32, overlap=8)
     for family in FAMILIES:
         path = d / f"{family}.safetensors"
         save_file(tiny_state_dict(family), str(path))
