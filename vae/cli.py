@@ -7,6 +7,9 @@
   run WORKFLOW_API.json         run an API-format workflow from workflows/ in-process
 
 A progress bar (tiles or chunks done, elapsed, ETA) goes to stderr when it is a terminal; -q hides it.
+decode/encode --devices cuda:0,cuda:1 (or cpu,cpu) share the tiles among worker processes, one per
+extra device; launched by torchrun (torchrun --nproc-per-node N -m vae decode ...) the ranks share
+them and rank 0 writes.
 Errors: one line each on stderr ("vae: error: ..."), exit status 2 for a usage mistake, 1 for a
 failure (a missing or unreadable file, an input the VAE cannot take), 130 when interrupted; --debug
 adds the traceback. Outputs are checked before any work, written whole or not at all, and never
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from . import checks, load, outputs, progress
+from . import checks, load, outputs, progress, workers
 from .errors import InputError, VAEKitError
 from .imageio import read_image, write_image
 from .latents import read_latent_file, write_latent_file
@@ -88,7 +91,10 @@ def cmd_decode(a) -> None:
     v = load(a.vae)
     t = time.perf_counter()
     with progress.reporting(progress.terminal_bar(sys.stderr, a.quiet, label="tiles")):
-        images = v.decode(z, tile=a.tile, overlap=a.overlap, progress=progress.current())
+        images = workers.cli_call(v, "decode", z, a.devices, progress.current(), tile=a.tile, overlap=a.overlap,
+                                  mode=a.mode)
+    if images is None:              # a torchrun rank other than 0: rank 0 writes
+        return
     dt = time.perf_counter() - t
     counter = outputs.save_path(prefix, folder, input="-o")[2]          # files may have appeared meanwhile
     paths = [outputs.numbered(folder, name, counter + i, ".png") for i in range(len(images))]
@@ -117,7 +123,10 @@ def cmd_encode(a) -> None:
     x = torch.stack(x).movedim(-1, 1)
     t = time.perf_counter()
     with progress.reporting(progress.terminal_bar(sys.stderr, a.quiet, label="tiles")):
-        z = v.encode(x, tile=a.tile, overlap=a.overlap, progress=progress.current())
+        z = workers.cli_call(v, "encode", x, a.devices, progress.current(), tile=a.tile, overlap=a.overlap,
+                             mode=a.mode)
+    if z is None:
+        return
     outputs.one_file(out, a.overwrite, "-o")
     write_latent_file(out, z)
     print(f"encoded {tuple(x.shape)} -> {tuple(z.shape)} in {time.perf_counter() - t:.2f} s, wrote {out}")
@@ -182,6 +191,10 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--overwrite", action="store_true", help="replace an existing output file")
             s.add_argument("images", nargs="+")
         s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (drawn only on a terminal)")
+        s.add_argument("--mode", choices=("fast", "exact"), default="fast",
+                       help="fast: blended tiles; exact: the untiled result (vae/exact.py)")
+        s.add_argument("--devices", help="share the tiles among devices, e.g. cuda:0,cuda:1 or cpu,cpu (one worker "
+                                         "process per extra device); under torchrun the ranks share them anyway")
     s = command("run", cmd_run, help="run an API-format workflow in-process")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (drawn only on a terminal)")
     s.add_argument("workflow")

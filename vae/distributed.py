@@ -98,8 +98,8 @@ class Ranks(Local):
         if error is not None and not isinstance(error, Exception):
             raise error                                  # this rank's own interrupt stays an interrupt
         rank, message = failed[0]
-        raise RankFailed(f"rank {rank} of {self.size} failed: {message}",
-                         fix="see that rank's error; every rank stopped, no output was written.") from error
+        raise RankFailed(f"rank {rank} of {self.size} failed, so every rank stopped: {message}",
+                         fix=None if "Fix:" in message else "see that rank's error above.") from error
 
 
 LOCAL = Local()

@@ -55,6 +55,7 @@ class VAE:
         self.spec, self.config, self.model, self.source = spec, config, model, source
         self.caps: Capabilities = spec.capabilities(config)
         self.last_upcast: Optional[guard.Upcast] = None     # the NaN guard's record of the last call
+        self.path: Optional[str] = None      # the file it was loaded from (worker processes load it too)
         self.to(device or "cpu", dtype or torch.float32)
 
     # device and dtype are read from the weights: a memory manager (ComfyUI's) may move them.

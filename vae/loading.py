@@ -211,5 +211,7 @@ def load(path: PathLike, dtype: Optional[torch.dtype] = None, device=None,
     sd = read_vae_files(paths)
     metadata = read_metadata(paths[0]) if len(paths) == 1 else {}
     hint = name_hint or Path(path).name
-    return from_state_dict(sd, name_hint=hint, source=f"'{Path(path).name}'", dtype=dtype, device=device,
-                           metadata=metadata)
+    vae = from_state_dict(sd, name_hint=hint, source=f"'{Path(path).name}'", dtype=dtype, device=device,
+                          metadata=metadata)
+    vae.path = str(Path(path).resolve())
+    return vae

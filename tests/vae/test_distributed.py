@@ -113,12 +113,12 @@ def test_exact_across_ranks_equals_the_untiled_result(prepared, world):
         assert sum(shares) == want[name + ".steps"] and max(shares) < want[name + ".steps"], (name, shares)
     # a failure on rank 1: every rank stops with rank 1's message
     for rank in range(world):
-        assert status[rank]["fail"].startswith("RankFailed: rank 1 of"), status[rank]["fail"]
+        assert status[rank]["fail"].startswith(f"RankFailed: rank 1 of {world} failed, so every rank stopped"), status[rank]["fail"]
         assert "injected failure on rank 1" in status[rank]["fail"]
     # an interrupt on rank 0: rank 0 is interrupted, the others stop saying so
     assert status[0]["interrupt"].startswith("KeyboardInterrupt")
     for rank in range(1, world):
-        assert status[rank]["interrupt"].startswith("RankFailed: rank 0 of") and "KeyboardInterrupt" in \
+        assert status[rank]["interrupt"].startswith(f"RankFailed: rank 0 of {world} failed") and "KeyboardInterrupt" in \
             status[rank]["interrupt"]
     # nothing left behind: the next call on the same VAE and group is exact again ("after" checked above)
 

@@ -1,0 +1,57 @@
+"""The ways into a distributed call besides vae.distributed.ranks(): a persistent worker pool (one
+process per extra device, weights loaded by each worker from the same file), the command line's
+--devices, and torchrun. Each runs in processes of its own (a pool or torchrun makes its process a
+rank of a group); CPUs stand in for GPUs (gloo)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+import vae
+from vae.imageio import read_image
+from vae.workers import parse_devices
+
+DEMO = ROOT / "vae" / "demo"
+
+
+def _run(*args, timeout=600):
+    r = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def test_a_pool_serves_calls_survives_failures_and_interrupts_and_closes():
+    out = json.loads(_run(ROOT / "tests" / "pool_check.py").strip().splitlines()[-1])
+    assert out["decode"] <= 1e-5 and out["encode"] <= 1e-5          # exact: the untiled result, 3 ranks
+    assert out["missing file"].startswith("rank 1 of 3 failed, so every rank stopped: LoadError: no file at")
+    assert out["interrupt"] == "KeyboardInterrupt"
+    assert out["after"] <= 1e-6 and out["alive"] and out["closed"]   # the pool went on, then shut down
+
+
+@pytest.mark.parametrize("launch", ["devices", "torchrun"])
+def test_cli_decode_across_processes_equals_one_untiled_pass(tmp_path, launch):
+    latent, weights = DEMO / "vaekit_sample.latent", DEMO / "vaekit_demo.safetensors"
+    common = ["decode", "--vae", weights, "--tile", 256, "--mode", "exact", "-o", tmp_path / "d", latent]
+    if launch == "devices":
+        _run("-m", "vae", *common[:1], "--devices", "cpu,cpu", *common[1:])
+    else:
+        _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", 2, "-m", "vae", *common)
+    _run("-m", "vae", "decode", "--vae", weights, "--tile", 0, "-o", tmp_path / "u", latent)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d_00001_.png", "u_00001_.png"]    # rank 0 wrote, once
+    assert (read_image(tmp_path / "d_00001_.png") - read_image(tmp_path / "u_00001_.png")).abs().max() == 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("cpu", "names 1 device"), ("cpu,cuda:0", "mixes device types"),
+    ("cuda:0,cuda:1", "not found: this machine has 0 CUDA device"), ("gpu0,gpu1", "cannot read the device list")])
+def test_device_lists_are_checked_with_a_fix(text, message):
+    import torch
+    if torch.cuda.is_available() and "cuda:1" in text:
+        pytest.skip("this machine has CUDA devices")
+    with pytest.raises(vae.VAEKitError, match=message):
+        parse_devices(text)

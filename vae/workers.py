@@ -1,0 +1,223 @@
+"""A persistent pool of worker processes, one per extra device, that take their share of every
+exact or fast tiled call (vae/distributed.py) made through it.
+
+    pool = Pool(["cuda:0", "cuda:1"])          # this process is rank 0 on the first device
+    images = pool.run(vae, "decode", z, tile=512, mode="exact")
+    pool.close()                               # also at exit
+
+The workers are ``python -m vae.workers`` processes joined to this one by ``torch.distributed``
+(NCCL for CUDA devices, gloo for CPUs). Each call sends them a small JSON header (the VAE's file,
+the operation, its options) and the input tensor, both by broadcast; each worker loads a VAE file
+with this library's loader the first time it is named and keeps it, so weights are read once per
+worker and never pickled. Everything travels through torch.distributed; nothing is unpickled.
+A failure anywhere (a worker that cannot load the file, a tile that fails, an interrupt here) ends
+the call on every rank with that rank's message, and the pool stays ready for the next call.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import datetime
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from .distributed import Ranks, ranks
+from .errors import VAEKitError
+
+log = logging.getLogger("VAEKit")
+_HEADER_BYTES = 8192
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_devices(text: str) -> list[torch.device]:
+    """'cuda:0,cuda:1' or 'cpu,cpu' -> devices, checked against what this machine has."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    try:
+        devices = [torch.device(n) for n in names]
+    except RuntimeError as e:
+        raise VAEKitError(f"cannot read the device list {text!r}: {e}.", input="devices",
+                          fix="write devices as torch names separated by commas, e.g. 'cuda:0,cuda:1' or 'cpu,cpu'.")
+    if len(devices) < 2:
+        raise VAEKitError(f"{text!r} names {len(devices)} device(s); a pool needs two or more.", input="devices",
+                          fix="list every device of the call, this process's first, e.g. 'cuda:0,cuda:1'.")
+    if len({d.type for d in devices}) > 1:
+        raise VAEKitError(f"{text!r} mixes device types.", input="devices", fix="use only CUDA devices or only CPUs.")
+    if devices[0].type == "cuda":
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        missing = [str(d) for d in devices if (d.index or 0) >= have]
+        if missing:
+            raise VAEKitError(f"{', '.join(missing)} not found: this machine has {have} CUDA device(s).",
+                              input="devices", fix=f"name devices cuda:0 .. cuda:{max(have - 1, 0)}, or leave "
+                                                   "'devices' empty to use one device.")
+    return devices
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _exchange_header(header: Optional[dict], device: torch.device) -> dict:
+    """Rank 0 broadcasts ``header`` (JSON); every rank returns it."""
+    import torch.distributed as dist
+    buf = torch.zeros(_HEADER_BYTES, dtype=torch.uint8, device=device)
+    if header is not None:
+        raw = json.dumps(header).encode()
+        if len(raw) > _HEADER_BYTES:
+            raise VAEKitError("the call's options are too long to send to the workers.")
+        buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    dist.broadcast(buf, src=0)
+    return json.loads(bytes(buf.cpu().tolist()).rstrip(b"\0").decode())
+
+
+def _call(comm: Ranks, vae, header: dict, x: torch.Tensor, load_error: Optional[BaseException], progress=None):
+    """Every rank: agree that each has its VAE (a worker's load may fail), then the call itself."""
+    comm.step(load_error, True)
+    with ranks(comm.group):
+        return getattr(vae, header["op"])(x, progress=progress, **header["kw"])
+
+
+class Pool:
+    """Workers on ``devices[1:]``; this process is rank 0 on ``devices[0]``."""
+
+    def __init__(self, devices: Sequence, timeout: float = 1800):
+        import torch.distributed as dist
+        if dist.is_initialized():
+            raise VAEKitError("this process already belongs to a torch.distributed group; a worker pool makes "
+                              "its own.", fix="use vae.distributed.ranks() inside the existing group instead.")
+        self.devices = [torch.device(d) for d in devices]
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}
+        self.procs = [subprocess.Popen([sys.executable, "-m", "vae.workers", "--rank", str(r), "--world",
+                                        str(len(self.devices)), "--init", init, "--device", str(d),
+                                        "--timeout", str(timeout)], cwd=str(_ROOT), env=env)
+                      for r, d in enumerate(self.devices) if r > 0]
+        if self.devices[0].type == "cuda":
+            torch.cuda.set_device(self.devices[0])
+        dist.init_process_group(_backend(self.devices[0]), init_method=init, rank=0, world_size=len(self.devices),
+                                timeout=datetime.timedelta(seconds=timeout))
+        self.comm = Ranks()
+        atexit.register(self.close)
+        log.info("VAEKit: worker pool on %s (%d worker processes)", ", ".join(map(str, self.devices)),
+                 len(self.procs))
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.procs) and all(p.poll() is None for p in self.procs)
+
+    def run(self, vae, op: str, x: torch.Tensor, progress=None, **kw) -> torch.Tensor:
+        """``vae.<op>(x, **kw)`` with the tiles shared among the pool's processes; the result here."""
+        if vae.path is None:
+            raise VAEKitError("this VAE was not loaded from a file, so the workers cannot load it.", input="vae",
+                              fix="load it with VAE Load (VAEKit) / vae.load(path), or leave 'devices' empty.")
+        header = {"op": op, "path": vae.path, "dtype": str(vae.dtype).removeprefix("torch."),
+                  "shape": list(x.shape), "input_dtype": str(x.dtype).removeprefix("torch."), "kw": kw}
+        _exchange_header(header, self.comm.device)
+        import torch.distributed as dist
+        sent = x.contiguous().to(self.comm.device)
+        dist.broadcast(sent, src=0)
+        return _call(self.comm, vae, header, x, None, progress)
+
+    def close(self) -> None:
+        if not self.procs:
+            return
+        import torch.distributed as dist
+        try:
+            if self.alive:
+                _exchange_header({"op": "stop"}, self.comm.device)
+            for p in self.procs:
+                p.wait(timeout=60)
+        finally:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+            self.procs = []
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def serve(rank: int, world: int, init: str, device: torch.device, timeout: float) -> None:
+    """A worker: wait for calls from rank 0, run this rank's share, until told to stop."""
+    import torch.distributed as dist
+
+    from .loading import load
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(_backend(device), init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
+    comm, vaes = Ranks(), {}
+    while True:
+        header = _exchange_header(None, comm.device)
+        if header["op"] == "stop":
+            break
+        x = torch.empty(header["shape"], dtype=getattr(torch, header["input_dtype"]), device=comm.device)
+        dist.broadcast(x, src=0)
+        key, error = (header["path"], header["dtype"]), None
+        try:
+            if key not in vaes:               # loaded once per worker, from the same file
+                vaes[key] = load(header["path"], dtype=getattr(torch, header["dtype"]), device=device)
+        except Exception as e:   # noqa: BLE001 - told to every rank by _call
+            error = e
+        try:
+            _call(comm, vaes.get(key), header, x.to(device), error)
+        except BaseException as e:    # noqa: BLE001 - rank 0 reports the call's failure; keep serving
+            log.info("VAEKit worker %d: the call ended: %s", rank, e)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="a VAEKit worker process (started by vae.workers.Pool)")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--init", required=True)
+    p.add_argument("--device", required=True)
+    p.add_argument("--timeout", type=float, default=1800)
+    a = p.parse_args()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.world))
+    serve(a.rank, a.world, a.init, torch.device(a.device), a.timeout)
+
+
+if __name__ == "__main__":
+    main()
+
+
+def cli_call(vae, op: str, x: torch.Tensor, devices: Optional[str], progress=None, **kw) -> Optional[torch.Tensor]:
+    """The command line's call: over a pool on ``devices`` (this process and one worker per extra
+    device, for this call), or across torchrun's ranks when launched by torchrun (every rank runs the
+    command; rank 0 gets the result, the others None), or here."""
+    import torch.distributed as dist
+    if devices:
+        found = parse_devices(devices)
+        vae.to(found[0], vae.dtype)
+        pool = Pool(found)
+        try:
+            return pool.run(vae, op, x.to(found[0]), progress=progress, **kw)
+        finally:
+            pool.close()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        vae.to(device, vae.dtype)
+        dist.init_process_group(_backend(device))          # torchrun's environment says where and who
+        try:
+            with ranks():
+                y = getattr(vae, op)(x.to(device), progress=progress if dist.get_rank() == 0 else None, **kw)
+            return y if dist.get_rank() == 0 else None
+        finally:
+            dist.destroy_process_group()
+    return getattr(vae, op)(x, progress=progress, **kw)
