@@ -7,6 +7,7 @@ from ..vae.errors import InputError
 from . import _comfy
 from .base import CATEGORY, names_node
 from .convert import frames_to_image, image_to_bchw, images_to_clips, latent_out
+from .devices import DEVICES, pool_for
 from .socket import as_engine
 
 _TILE = ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32,
@@ -85,19 +86,18 @@ class VAEKitTiledDecode:
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             # optional, after the older widgets: saved workflows keep their widget positions
-            "optional": {**_DECODE_OPTIONS, "mode": _MODE}}
+            "optional": {**_DECODE_OPTIONS, "mode": _MODE, "devices": DEVICES}}
 
     @names_node
     def decode(self, samples, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8,
-               decode_timestep=0.05, decode_noise_scale=0.025, seed=0, mode="fast"):
+               decode_timestep=0.05, decode_noise_scale=0.025, seed=0, mode="fast", devices=""):
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
         frames = _temporal_tile(engine, temporal_size)
         _prepare(engine, "decode", z.shape, tile=tile_size, overlap=overlap, tile_frames=frames)
-        images = engine.decode(z, tile=tile_size, overlap=overlap, tile_frames=frames,
-                               overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
-                               out_device=_comfy.intermediate_device(),
-                               timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed, mode=mode)
+        images = _call(engine, devices, "decode", z, tile=tile_size, overlap=overlap, tile_frames=frames,
+                       overlap_frames=temporal_overlap, timestep=decode_timestep, noise_scale=decode_noise_scale,
+                       seed=seed, mode=mode)
         return (frames_to_image(images),)
 
 
@@ -122,10 +122,11 @@ class VAEKitTiledEncode:
                                             "one-frame clip (Qwen-Image). An RGBA VAE gets RGB with opaque alpha."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
-            "optional": {"mode": _MODE}}
+            "optional": {"mode": _MODE, "devices": DEVICES}}
 
     @names_node
-    def encode(self, pixels, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8, mode="fast"):
+    def encode(self, pixels, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8, mode="fast",
+               devices=""):
         engine = as_engine(vae, self.DISPLAY_NAME)
         if not torch.is_tensor(pixels) or pixels.dim() != 4:
             raise InputError(f"expected an IMAGE [N, H, W, C], got {type(pixels).__name__}"
@@ -135,10 +136,18 @@ class VAEKitTiledEncode:
             x = images_to_clips(x, _temporal_ratio(engine))
         frames = _temporal_tile(engine, temporal_size)
         _prepare(engine, "encode", x.shape, tile=tile_size, overlap=overlap, tile_frames=frames)
-        z = engine.encode(x, tile=tile_size, overlap=overlap, tile_frames=frames,
-                          overlap_frames=temporal_overlap, progress=_comfy.progress_callback(),
-                          out_device=_comfy.intermediate_device(), mode=mode)
+        z = _call(engine, devices, "encode", x, tile=tile_size, overlap=overlap, tile_frames=frames,
+                  overlap_frames=temporal_overlap, mode=mode)
         return (latent_out(None, z),)
+
+
+def _call(engine, devices: str, op: str, x: torch.Tensor, **kw) -> torch.Tensor:
+    """``engine.<op>``, with the tiles shared by a worker pool when ``devices`` names one."""
+    pool = pool_for(devices, engine)
+    common = dict(progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
+    if pool is None:
+        return getattr(engine, op)(x, **common, **kw)
+    return pool.run(engine, op, x, **common, **kw)
 
 
 def _latent_tensor(samples) -> torch.Tensor:

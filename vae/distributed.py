@@ -95,8 +95,8 @@ class Ranks(Local):
         self.dist.all_reduce(text, group=self.group)     # each rank filled only its own row
         failed = [(r, bytes(row.cpu().tolist()).rstrip(b"\0").decode(errors="replace"))
                   for r, row in enumerate(text) if row.any()]
-        if error is not None and not isinstance(error, Exception):
-            raise error                                  # this rank's own interrupt stays an interrupt
+        if error is not None and (not isinstance(error, Exception) or "Interrupt" in type(error).__name__):
+            raise error      # this rank's own interrupt (Ctrl-C, ComfyUI's InterruptProcessingException) stays one
         rank, message = failed[0]
         raise RankFailed(f"rank {rank} of {self.size} failed, so every rank stopped: {message}",
                          fix=None if "Fix:" in message else "see that rank's error above.") from error

@@ -83,11 +83,12 @@ def _exchange_header(header: Optional[dict], device: torch.device) -> dict:
     return json.loads(bytes(buf.cpu().tolist()).rstrip(b"\0").decode())
 
 
-def _call(comm: Ranks, vae, header: dict, x: torch.Tensor, load_error: Optional[BaseException], progress=None):
+def _call(comm: Ranks, vae, header: dict, x: torch.Tensor, load_error: Optional[BaseException], progress=None,
+          out_device=None):
     """Every rank: agree that each has its VAE (a worker's load may fail), then the call itself."""
     comm.step(load_error, True)
     with ranks(comm.group):
-        return getattr(vae, header["op"])(x, progress=progress, **header["kw"])
+        return getattr(vae, header["op"])(x, progress=progress, out_device=out_device, **header["kw"])
 
 
 class Pool:
@@ -118,8 +119,9 @@ class Pool:
     def alive(self) -> bool:
         return bool(self.procs) and all(p.poll() is None for p in self.procs)
 
-    def run(self, vae, op: str, x: torch.Tensor, progress=None, **kw) -> torch.Tensor:
-        """``vae.<op>(x, **kw)`` with the tiles shared among the pool's processes; the result here."""
+    def run(self, vae, op: str, x: torch.Tensor, progress=None, out_device=None, **kw) -> torch.Tensor:
+        """``vae.<op>(x, **kw)`` with the tiles shared among the pool's processes; the result here (on
+        ``out_device``). ``kw``: the call's options (numbers and strings: they travel as JSON)."""
         if vae.path is None:
             raise VAEKitError("this VAE was not loaded from a file, so the workers cannot load it.", input="vae",
                               fix="load it with VAE Load (VAEKit) / vae.load(path), or leave 'devices' empty.")
@@ -129,7 +131,7 @@ class Pool:
         import torch.distributed as dist
         sent = x.contiguous().to(self.comm.device)
         dist.broadcast(sent, src=0)
-        return _call(self.comm, vae, header, x, None, progress)
+        return _call(self.comm, vae, header, x, None, progress, out_device)
 
     def close(self) -> None:
         if not self.procs:
