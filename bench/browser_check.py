@@ -15,14 +15,13 @@ allows. Exit status 1 on any failure.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from run_in_comfyui import ROOT, _get, _post, comfyui_server, wait_for
+from run_in_comfyui import ROOT, _get, _post, comfyui_server, server_arguments, wait_for
 
 LOAD = """
 const [graph, done] = [arguments[0], arguments[arguments.length - 1]];
@@ -126,10 +125,7 @@ def check(driver, url: str, info: dict, path: Path, shots: Path, timeout: float)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--comfyui", required=True, help="ComfyUI source directory (with main.py)")
-    p.add_argument("--python", required=True, help="ComfyUI's python (its venv)")
-    p.add_argument("--port", type=int, default=8190)
+    p = server_arguments(__doc__.split("\n\n")[0], 8190)
     p.add_argument("--only", help="comma list of UI workflow names (without .json)")
     p.add_argument("--screenshots", type=Path, help="folder for one PNG per workflow")
     p.add_argument("--timeout", type=float, default=900, help="seconds per graph")

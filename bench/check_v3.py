@@ -8,10 +8,11 @@ Prints one line per node and exits 1 on any difference (tests/nodes/test_v3.py r
 COMFYUI_DIR and COMFYUI_PYTHON are set)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
+
+from check_core_nodes import _pack      # the repository imported as ComfyUI imports a custom node folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,15 +21,6 @@ def _comfy() -> None:
     sys.path.insert(0, os.environ["COMFYUI_DIR"])
     from comfy.cli_args import args
     args.cpu = True                     # before comfy.model_management is imported
-
-
-def _pack():
-    """The repository imported as ComfyUI imports a custom node folder."""
-    spec = importlib.util.spec_from_file_location("vaekit", ROOT / "__init__.py", submodule_search_locations=[str(ROOT)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["vaekit"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _normal(spec: dict) -> list:

@@ -125,11 +125,17 @@ def wait_for(url: str, prompt_id: str, timeout: float) -> dict:
     return {}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def server_arguments(description: str, port: int) -> argparse.ArgumentParser:
+    """The options of the scripts that start a ComfyUI server (this one, browser_check.py)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--comfyui", required=True, help="ComfyUI source directory (with main.py)")
     p.add_argument("--python", required=True, help="ComfyUI's python (its venv)")
-    p.add_argument("--port", type=int, default=8189)
+    p.add_argument("--port", type=int, default=port)
+    return p
+
+
+def main() -> None:
+    p = server_arguments(__doc__.split("\n\n")[0], 8189)
     p.add_argument("--only", help="comma list of workflow names (without _api.json)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per graph")
     a = p.parse_args()

@@ -7,9 +7,12 @@ rounds are this module's collectives, so a distributed run is the same engine wi
 - the tiles are split among the ranks in contiguous, balanced blocks (row-major order, so a rank's
   tiles are neighbours); each rank runs only its own tiles' coroutines;
 - GroupNorm sums (float64, a few numbers per group) are all-reduced;
-- at a whole-tensor module or a re-cut point each rank writes its tiles' cores into a zeroed map and
-  the maps are all-reduced (the cores partition the map, so the sum is the assembled map, exactly);
-  every rank then runs the whole module itself and re-cuts its own tiles;
+- at a whole-tensor module (attention, at latent resolution) each rank writes its tiles' cores into a
+  zeroed map and the maps are all-reduced (the cores partition the map, so the sum is the assembled
+  map, exactly); every rank runs the module itself and cuts its own tiles from the result;
+- at a re-cut point no map is assembled: each rank builds its tiles' new slices (core plus the next
+  stretch's halo) from its own cores and the overlapping parts of the other ranks' cores, sent point
+  to point, so a rank holds its share of the map plus halos, not the whole map;
 - the output is assembled the same way once, at the end: every rank returns the whole result;
 - every step the ranks agree whether one of them failed or was interrupted (a two-number
   all-reduce), so a failure anywhere ends the call on every rank with that rank's message, and a
@@ -43,8 +46,18 @@ class Local:
     def owns(self, index: int, count: int) -> bool:
         return True
 
+    def owner(self, index: int, count: int) -> int:
+        """The rank that runs tile ``index`` of ``count``: contiguous, balanced blocks."""
+        return index * self.size // count
+
     def sum_(self, t: torch.Tensor) -> torch.Tensor:
         return t
+
+    def exchange(self, sends: list, receives: list) -> None:
+        """Point-to-point: ``sends`` (tensor, to rank) and ``receives`` (buffer, from rank), posted in
+        the same order on both ends of each pair."""
+        if sends or receives:
+            raise RuntimeError("one process has no one to exchange with")
 
     def step(self, error: Optional[BaseException], active: bool) -> bool:
         if error is not None:
@@ -70,7 +83,14 @@ class Ranks(Local):
         if count < self.size:
             raise VAEKitError(f"{self.size} ranks but only {count} tiles: every rank needs a tile.",
                               input="tile", fix=f"use smaller tiles (at least {self.size} of them) or fewer devices.")
-        return index * self.size // count == self.rank
+        return self.owner(index, count) == self.rank
+
+    def exchange(self, sends: list, receives: list) -> None:
+        ops = [self.dist.P2POp(self.dist.isend, t, peer, self.group) for t, peer in sends]
+        ops += [self.dist.P2POp(self.dist.irecv, t, peer, self.group) for t, peer in receives]
+        if ops:
+            for request in self.dist.batch_isend_irecv(ops):
+                request.wait()
 
     def sum_(self, t: torch.Tensor) -> torch.Tensor:
         """All-reduce (sum) into ``t``, moved through the backend's device when it lives elsewhere."""

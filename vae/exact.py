@@ -24,6 +24,10 @@ same points of the same chunk. The unit of work is one chunk of one tile, so the
 bounded in resolution and flat in the number of frames. Whole-tensor modules that keep state across
 chunks (causal attention with a key/value cache) keep it in one stream memory of the run.
 
+Across processes (``vae.distributed.ranks``) each rank runs its share of the tiles and the rounds
+become collectives: the sums and whole-module maps are all-reduced, re-cut slices are exchanged point
+to point (``_exchange``), and the ranks agree after every step whether one of them failed.
+
 Tiles are coroutines: each runs the model's own forward in a thread, and exactly one runs at a time
 (a hand-off, not parallelism), so no model code changes and the result is deterministic. Everything
 a run needs (each tile's hooks and stream memory) is held by the run, in the tile thread's context
@@ -367,8 +371,9 @@ class _Run:
         return make
 
     def go(self, cores, in_unit: int, progress) -> torch.Tensor:
-        tiles = [Tile(tuple(c), self.latent) for c in itertools.product(*cores)]
-        tiles = [t for i, t in enumerate(tiles) if self.comm.owns(i, len(tiles))]
+        self.tiles = [Tile(tuple(c), self.latent) for c in itertools.product(*cores)]
+        self.owner = [self.comm.owner(i, len(self.tiles)) for i in range(len(self.tiles))]
+        tiles = [t for i, t in enumerate(self.tiles) if self.comm.owns(i, len(self.tiles))]
         n_chunks = len(self.chunks[0]) if self.chunks else 1
         total = len(tiles) * (len(self.rounds) * n_chunks + 1 - bool(self.chunks))
         for tile in tiles:
@@ -406,7 +411,10 @@ class _Run:
                 continue
             seg = None if expect.kind == "stats" else self.segs[1 + sum(e.kind != "stats" for e in self.rounds[:i])]
             with runstate.stream(self.whole_memory) if self.chunks else contextlib.nullcontext():
-                replies = _answer(expect, seg, msgs, self.cos, self.latent, self.out_device, self.comm)
+                if expect.kind == "boundary" and self.comm.size > 1:
+                    replies = _exchange(seg, msgs, self.cos, self.tiles, self.owner, self.latent, self.comm)
+                else:
+                    replies = _answer(expect, seg, msgs, self.cos, self.latent, self.out_device, self.comm)
         raise AssertionError("unreachable")
 
     def _start(self, tile: Tile, in_unit: int) -> None:
@@ -476,3 +484,44 @@ def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=dis
         _cut(co.tile, scales, seg, size)
         return full[_slice(co.tile)].to(device).clone(memory_format=fmt)
     return [functools.partial(recut, co) for co in cos]
+
+
+def _exchange(seg: Segment, msgs, cos, tiles: Sequence[Tile], owner: Sequence[int], latent, comm):
+    """A re-cut point across ranks: each local tile's new slice (core plus the next stretch's halo) is
+    built from the cores that overlap it: this rank's own, and the other ranks' sent point to point.
+    No rank assembles the whole map."""
+    cores = {id(co.tile): core for co, (_, (_, _, (core, _))) in zip(cos, msgs)}
+    first = msgs[0][1][2][0]
+    scales = msgs[0][1][2][1]
+    size = [int(n * s) for n, s in zip(latent, scales)]
+    fmt = torch.channels_last if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last) \
+        else torch.contiguous_format
+    boxes = [[(int(a * s), int(b * s)) for (a, b), s in zip(t.core, scales)] for t in tiles]
+    for t in tiles:                           # every tile's new extent, the other ranks' too
+        _cut(t, scales, seg, size)
+    mine = {id(co.tile) for co in cos}
+    regions = {id(t): torch.empty(*first.shape[:-2], *(hi - lo for lo, hi in zip(t.lo, t.hi)), dtype=first.dtype,
+                                  device=first.device).contiguous(memory_format=fmt) for t in tiles if id(t) in mine}
+    sends, receives = [], []
+    for u, box in zip(tiles, boxes):                      # the same order on every rank: sends meet receives
+        for t in tiles:
+            if id(u) not in mine and id(t) not in mine:
+                continue
+            cut = [(max(a, lo), min(b, hi)) for (a, b), lo, hi in zip(box, t.lo, t.hi)]
+            if any(a >= b for a, b in cut):
+                continue
+            dst = (..., *(slice(a - lo, b - lo) for (a, b), lo in zip(cut, t.lo)))
+            if id(u) in mine:
+                part = cores[id(u)][(..., *(slice(a - c, b - c) for (a, b), (c, _) in zip(cut, box)))]
+                if id(t) in mine:
+                    regions[id(t)][dst] = part
+                else:
+                    sends.append((part.contiguous(), owner[tiles.index(t)]))
+            else:
+                receives.append((regions[id(t)][dst], owner[tiles.index(u)]))
+    buffers = [(torch.empty(view.shape, dtype=view.dtype, device=view.device), peer) for view, peer in receives]
+    comm.exchange(sends, buffers)
+    for (view, _), (buf, _) in zip(receives, buffers):
+        view.copy_(buf)
+    del msgs, cores, sends, buffers
+    return [regions[id(co.tile)] for co in cos]

@@ -1,0 +1,131 @@
+"""Exact decode across 1, 2 and 3 ranks on this CPU (torch.distributed, gloo): per-rank time and
+working set against the one-process exact run, and the error against one untiled pass.
+
+    python bench/bench_distributed.py                          # SD-shape KL at 1024 px, Wan 2.1 33 frames
+    python bench/bench_distributed.py --only kl --size 512 --tile 256
+
+Random weights at the published configs (SD's VAE as diffusers' AutoencoderKL; AutoencoderKLWan()),
+saved once to a temporary file that every process loads. One process per rank (file rendezvous),
+each measured as bench_decode.py measures: weights paged in, the peak-RSS mark reset, then the call;
+working set = peak RSS - RSS after load, per rank. `ranks 1` is the one-process exact run (no
+group). 2 cores are shared by all ranks here, so wall time cannot show a speed-up (a GPU per rank
+would); CPU seconds per rank show how the work is split.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _case(name: str, size: int, frames: int):
+    """(model file writer, input, call options) for a case."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    if name == "kl":                 # SD's VAE (diffusers' AutoencoderKL() defaults are a 1-level toy)
+        z = torch.randn(1, 4, size // 8, size // 8, generator=g)
+        return "AutoencoderKL", z, {}, dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+                                            down_block_types=("DownEncoderBlock2D",) * 4,
+                                            up_block_types=("UpDecoderBlock2D",) * 4)
+    z = torch.randn(1, 16, 1 + (frames - 1) // 4, size // 8, size * 3 // 2 // 8, generator=g)
+    return "AutoencoderKLWan", z, {"tile_frames": 4}, {}      # each tile streamed one latent frame at a time
+
+
+def worker(a) -> None:
+    import datetime
+
+    import torch
+    from bench_decode import measure
+    from safetensors.torch import load_file
+
+    import vae
+    from vae import distributed
+    torch.set_num_threads(max(1, a.threads))
+    v = vae.load(a.weights)
+    x = load_file(a.input)["x"]
+    opts = json.loads(a.opts)
+    if a.world > 1:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world,
+                                timeout=datetime.timedelta(seconds=3600))
+
+        def fn(t):
+            with distributed.ranks():
+                return v.decode(t, **opts)
+    else:
+        def fn(t):
+            return v.decode(t, **opts)
+    measure(fn, x, v.model, 1, Path(a.out))
+    if a.world > 1:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", help="kl or wan")
+    p.add_argument("--size", type=int, help="image height in px (kl: 1024; wan: 128, width 1.5x)")
+    p.add_argument("--frames", type=int, default=33)
+    p.add_argument("--tile", type=int, help="exact tile in px (kl: 256 -> 16 tiles at 1024; wan: 64)")
+    p.add_argument("--ranks", default="1,2,3")
+    for name in ("--worker", "--weights", "--input", "--opts", "--init", "--out"):
+        p.add_argument(name, help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        return worker(a)
+    import diffusers
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    import vae
+    cases = [a.only] if a.only else ["kl", "wan"]
+    print(f"{'case':<28} {'ranks':>5} {'rank':>4} {'wall s':>7} {'cpu s':>7} {'work MiB':>9} {'vs 1 rank':>9} "
+          f"{'max err':>9}")
+    with tempfile.TemporaryDirectory(prefix="bench_dist_") as tmp:
+        d = Path(tmp)
+        for name in cases:
+            size = a.size or (1024 if name == "kl" else 128)
+            tile = a.tile or (256 if name == "kl" else 64)
+            cls, z, opts, config = _case(name, size, a.frames)
+            torch.manual_seed(0)
+            save_file({k: t.contiguous() for k, t in getattr(diffusers, cls)(**config).state_dict().items()},
+                      str(d / f"{name}.safetensors"))
+            save_file({"x": z}, str(d / f"{name}.in.safetensors"))
+            with torch.inference_mode():
+                want = vae.load(d / f"{name}.safetensors").decode(z, **opts).numpy()      # one untiled pass
+            label = f"{name} {'x'.join(map(str, z.shape[2:]))} latent, tile {tile}"
+            opts = {**opts, "tile": tile, "mode": "exact"}
+            base = None
+            for world in map(int, a.ranks.split(",")):
+                init = f"file://{d / f'rdv_{name}_{world}'}"
+                procs = [subprocess.Popen([sys.executable, __file__, "--worker", "1", "--weights",
+                                           str(d / f"{name}.safetensors"), "--input", str(d / f"{name}.in.safetensors"),
+                                           "--opts", json.dumps(opts), "--init", init, "--rank", str(r), "--world",
+                                           str(world), "--threads", str(max(1, 2 // world)),
+                                           "--out", str(d / f"{name}_{world}_{r}")],
+                                          env={**os.environ, "OMP_NUM_THREADS": str(max(1, 2 // world))})
+                         for r in range(world)]
+                if any(proc.wait() for proc in procs):
+                    print(f"{label:<28} {world:>5}  FAILED")
+                    continue
+                for r in range(world):
+                    m = json.loads((d / f"{name}_{world}_{r}.json").read_text())
+                    err = float(np.abs(np.load(d / f"{name}_{world}_{r}.npy") - want).max())
+                    base = base or m["working_set_mib"]
+                    print(f"{label:<28} {world:>5} {r:>4} {m['best_s']:>7.1f} {m['cpu_s']:>7.1f} "
+                          f"{m['working_set_mib']:>9.0f} {m['working_set_mib'] / base:>9.2f} {err:>9.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
