@@ -128,7 +128,7 @@ def measure(fn, x, model, repeat: int, out_stem: Path) -> None:
             out = fn(x)
             times.append(time.perf_counter() - t0)
             cpu.append(_cpu_s() - c0)
-    peak = _maxrss_kib()
+    peak = _vm_hwm_kib()      # not ru_maxrss: it also keeps exited threads' peaks from before the reset
     np.save(f"{out_stem}.npy", out.float().numpy())
     Path(f"{out_stem}.json").write_text(json.dumps(dict(
         times_s=times, best_s=min(times), cpu_s=cpu[times.index(min(times))], rss_after_load_mib=rss_load / MIB,
@@ -225,7 +225,7 @@ def worker(args) -> None:
             out = decode(z)
             times.append(time.perf_counter() - t0)
             cpu.append(_cpu_s() - c0)
-    peak = _maxrss_kib()
+    peak = _vm_hwm_kib()      # not ru_maxrss: it also keeps exited threads' peaks from before the reset
     np.save(tmp / f"{args.worker}.npy", out.float().numpy())
     n_tiles, tile_px = tiles(z.shape[-2:])
     result = dict(config=args.worker, label=label, library=lib, tile=tile, overlap=overlap,
