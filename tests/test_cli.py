@@ -277,3 +277,37 @@ def test_decode_and_run_draw_the_bar_on_a_terminal_unless_quiet(small, tmp_path,
     else:
         assert "tiles" in decoded and decoded.endswith("\n")
         assert term.text[len(decoded):].count("/") >= 2        # the workflow's encode and decode bars
+
+
+class _Pipe(_Terminal):
+    """stderr redirected to a file or a pipe."""
+
+    def isatty(self):
+        return False
+
+
+@pytest.mark.parametrize("stream, drawn", [(_Terminal, True), (_Pipe, False)])
+def test_encode_draws_the_bar_only_on_a_terminal(small, tmp_path, monkeypatch, stream, drawn):
+    from vae import cli as module
+    err = stream()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert module.main(["encode", "--vae", str(WEIGHTS), "--tile", "256", "--overlap", "32",
+                        "-o", str(tmp_path / "s.latent"), str(DEMO / "vaekit_sample.png")]) == 0
+    if drawn:      # 512 px in 256 px tiles: 2x2
+        assert "1/4 tiles" in err.text and "4/4 tiles" in err.text and err.text.endswith("\n")
+    else:
+        assert err.text == ""
+
+
+def test_the_eta_counts_the_first_tile(monkeypatch):
+    """The bar is made before the work; its first call comes one tile later."""
+    from vae import progress
+    clock = iter([0.0, 10.0, 20.0, 30.0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    term = _Terminal()
+    bar = progress.terminal_bar(term, label="chunks", min_interval=0)   # made at 0 s
+    bar(1, 3)                                                          # one chunk took 10 s
+    assert "1/3 chunks  10.0 s, ETA 20.0 s" in term.text
+    bar(2, 3)
+    bar(3, 3)
+    assert term.text.endswith("3/3 chunks  30.0 s   \n")

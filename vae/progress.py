@@ -21,12 +21,17 @@ class TerminalBar:
     def __init__(self, stream: TextIO, width: int = 30, label: str = "steps", min_interval: float = 0.1):
         self.stream, self.width, self.label, self.min_interval = stream, width, label, min_interval
         self.start = self.last = None
+        # The first callback comes after the first tile or chunk, so a run's clock starts at the
+        # previous event (the bar's creation, the last callback): timed from its own first
+        # callback, a 3-chunk decode would show "ETA 0.0 s" after one chunk of minutes.
+        self.mark = time.perf_counter()
         self.open = False
 
     def __call__(self, done: int, total: int) -> None:
         now = time.perf_counter()
         if self.start is None or not self.open:
-            self.start, self.last = now, 0.0
+            self.start, self.last = self.mark, 0.0
+        self.mark = now
         finished = total > 0 and done >= total
         if not finished and now - self.last < self.min_interval:
             return                                          # redrawing costs more than the tiles
