@@ -11,7 +11,6 @@ the untiled latent, a tiled encode + tiled decode, and exact tiles both ways. No
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -22,11 +21,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import vae  # noqa: E402
+from vae.demo import psnr  # noqa: E402
 from vae.imageio import read_image  # noqa: E402
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    return -10 * math.log10(torch.mean((a.clamp(0, 1) - b) ** 2).item())
 
 
 def main() -> None:

@@ -451,6 +451,15 @@ def _check(step: int, expect: Event, msgs) -> None:
                                f"(round {step}: expected {expect.kind}, got {kind} {value and value[0]})")
 
 
+def _layout(msgs, latent) -> tuple:
+    """At a map round: the first tile's core, the map's scales and whole size, its memory format."""
+    first, scales = msgs[0][1][2]
+    size = [int(n * s) for n, s in zip(latent, scales)]
+    fmt = torch.channels_last if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last) \
+        else torch.contiguous_format
+    return first, scales, size, fmt
+
+
 def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=distributed.LOCAL):
     """One round: every tile paused at the same place; compute what each resumes with. Across ranks
     (``comm``) the sums and the assembled maps are all-reduced: each rank holds only its tiles."""
@@ -463,12 +472,8 @@ def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=dis
         return [(mean.float(), var.float())] * len(msgs)
     # gather the cores into one map, run a whole module on it, re-cut every tile
     whole = expect.kind == "whole"
-    first = msgs[0][1][2][0]
-    scales = msgs[0][1][2][1]
+    first, scales, size, fmt = _layout(msgs, latent)
     device = first.device                # where the tiles compute
-    size = [int(n * s) for n, s in zip(latent, scales)]
-    fmt = torch.channels_last if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last) \
-        else torch.contiguous_format
     full = torch.empty(*first.shape[:-2], *size, dtype=first.dtype, device=device if whole else out_device,
                        memory_format=fmt)
     if comm.size > 1:
@@ -491,11 +496,7 @@ def _exchange(seg: Segment, msgs, cos, tiles: Sequence[Tile], owner: Sequence[in
     built from the cores that overlap it: this rank's own, and the other ranks' sent point to point.
     No rank assembles the whole map."""
     cores = {id(co.tile): core for co, (_, (_, _, (core, _))) in zip(cos, msgs)}
-    first = msgs[0][1][2][0]
-    scales = msgs[0][1][2][1]
-    size = [int(n * s) for n, s in zip(latent, scales)]
-    fmt = torch.channels_last if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last) \
-        else torch.contiguous_format
+    first, scales, size, fmt = _layout(msgs, latent)
     boxes = [[(int(a * s), int(b * s)) for (a, b), s in zip(t.core, scales)] for t in tiles]
     for t in tiles:                           # every tile's new extent, the other ranks' too
         _cut(t, scales, seg, size)

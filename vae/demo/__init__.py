@@ -23,7 +23,8 @@ SAMPLE = HERE / "vaekit_sample.png"
 __all__ = ["run_demo", "WEIGHTS", "SAMPLE"]
 
 
-def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """dB, on 0..1 pixels (the demo, the TAEF2 bench)."""
     mse = torch.mean((a.double() - b.double()) ** 2).item()
     return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
@@ -86,8 +87,8 @@ def run_demo(out_dir: Union[str, Path, None] = None, tile: int = 256, overlap: i
 
     result = {
         "model": vae.name, "image_size": (w, h), "tile": tile, "overlap": overlap, "tiles": tiles,
-        "psnr_untiled_db": _psnr(rec, x), "psnr_tiled_db": _psnr(rec_t, x),
-        "seam_max_abs": (seam - rec).abs().max().item(), "seam_psnr_db": _psnr(seam, rec),
+        "psnr_untiled_db": psnr(rec, x), "psnr_tiled_db": psnr(rec_t, x),
+        "seam_max_abs": (seam - rec).abs().max().item(), "seam_psnr_db": psnr(seam, rec),
         "time_untiled_s": t_enc + t_dec, "time_tiled_s": t_enc_t + t_dec_t,
         "time_encode_s": t_enc, "time_decode_s": t_dec, "time_encode_tiled_s": t_enc_t,
         "time_decode_tiled_s": t_dec_t, "time_seam_decode_s": t_seam,
