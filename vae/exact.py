@@ -255,6 +255,10 @@ class _Coroutine:
             self._thread.join()
 
     # ---- the hooks the tile's modules call (through its run state) --------------------------------
+    def extent(self, x: torch.Tensor):
+        """The whole map's size at ``x``'s layer and where ``x`` lies in it (vae/noise.py)."""
+        return self.tile.extent(x)
+
     def stats(self, norm: GroupNorm, x: torch.Tensor):
         _, core = self.tile.locate(x)
         return self.pause("stats", norm, group_moments(x[core], norm.num_groups))
@@ -266,17 +270,6 @@ class _Coroutine:
             return forward(x)
         x = self.pause(kind, module, (x[core], scales))    # the re-cut tile (for "whole": of the output)
         return x if kind == "whole" else forward(x)
-
-
-def region_randn(shape: Sequence[int], gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-    """``torch.randn(shape, generator=gen)`` (float32, CPU) for noise a model draws inside its network,
-    whose last two dims are ``like``'s spatial size. In an exact tile it is the tile's part of the draw
-    an untiled pass makes (the whole map's noise, then cut), so noise does not break exactness."""
-    co = runstate.current().exact
-    if co is None:
-        return torch.randn(tuple(shape), generator=gen, dtype=torch.float32)
-    size, where = co.tile.extent(like)
-    return torch.randn((*shape[:-2], *size), generator=gen, dtype=torch.float32)[where]
 
 
 # ---- the run ------------------------------------------------------------------------------------

@@ -16,22 +16,10 @@ log = logging.getLogger("VAEKit")
 DeviceLike = Union[str, torch.device, None]
 Tile = Union[int, tuple[int, int], None]
 
-# Which models make latents of a channel count, by the latent's rank (image [B, C, h, w] or video
-# [B, C, t, h, w]): counts collide across families, the rank tells many of them apart.
-_CHANNEL_HINTS = {
-    4: {4: "SD1.x/SD2.x/SDXL"},
-    16: {4: "SD3/Flux.1", 5: "Wan 2.1/Qwen-Image, HunyuanVideo or EasyAnimate"},
-    12: {5: "Mochi"}, 48: {5: "Wan 2.2"},
-    32: {4: "Flux.2 (unpacked)", 5: "HunyuanVideo 1.5"},
-    64: {4: "HunyuanImage 2.1", 5: "HunyuanImage 2.1 refiner (two frames packed)"},
-    128: {4: "Flux.2 (packed)", 5: "LTX-Video/LTX-2"},
-}
-
-
 def channel_hint(channels: int, rank: int) -> str:
-    """The models whose latents have ``channels`` channels at this rank (else at any rank)."""
-    by_rank = _CHANNEL_HINTS.get(channels, {})
-    return by_rank.get(rank) or " or ".join(by_rank.values()) or f"a {channels}-channel model"
+    """The models whose latents have ``channels`` channels at this rank (the families declare them)."""
+    from .registry import channel_hint as hint
+    return hint(channels, rank)
 
 
 def check_divisible(h: int, w: int, r: int, what: str, input: str = "pixels") -> None:

@@ -1,22 +1,47 @@
-"""The ordered list of architectures and the one detection entry point."""
+"""The architectures (every ``SPEC`` in ``vae/archs``), ordered by their declared ``priority``, and
+the one detection entry point. Adding a family adds no line here."""
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Mapping
 
 import torch
 
-from . import loadcheck
-from .archs import consistency, flux2, hunyuan_video, hunyuan_video15, kl, ltx, magvit, mochi, tiny, wan
+from . import archs, loadcheck
 from .errors import LoadError
 from .spec import ArchSpec
 
-# Order settles overlaps: the most specific key patterns first.
-# Mochi before TAESD: genmo's encoder keys (`encoder.layers.0.weight`) also match tiny.detect.
-# Consistency before KL: its encoder is SD's KL encoder (`decoder_unet.` / OpenAI names tell it apart).
-# Flux.2 before KL: it is a KL layout plus the latent BatchNorm's `bn.*` (kl.detect alone would claim it).
-REGISTRY: tuple[ArchSpec, ...] = (consistency.SPEC, wan.SPEC, mochi.SPEC, tiny.SPEC, flux2.SPEC, kl.SPEC, ltx.SPEC,
-                                  magvit.SPEC, hunyuan_video.SPEC, hunyuan_video15.SPEC)
 
+def _collect() -> tuple[ArchSpec, ...]:
+    specs = []
+    for info in pkgutil.iter_modules(archs.__path__):
+        spec = getattr(importlib.import_module(f"{archs.__name__}.{info.name}"), "SPEC", None)
+        if isinstance(spec, ArchSpec):
+            specs.append(spec)
+    ids = [s.id for s in specs]
+    if len(set(ids)) != len(ids):
+        raise RuntimeError(f"two architectures share an id: {sorted(ids)}")
+    return tuple(sorted(specs, key=lambda s: (s.priority, s.id)))
+
+
+# Order settles overlaps: the most specific key patterns first (each family's ``priority`` says why).
+REGISTRY: tuple[ArchSpec, ...] = _collect()
+
+# Latents of models no family here decodes, for the same error messages (channels, rank, text).
+OTHER_HINTS: tuple[tuple[int, int, str], ...] = (
+    (64, 4, "HunyuanImage 2.1"), (64, 5, "HunyuanImage 2.1 refiner (two frames packed)"))
+
+
+def channel_hint(channels: int, rank: int) -> str:
+    """The models whose latents have ``channels`` channels at this rank (else at any rank)."""
+    hints = [h for s in REGISTRY for h in s.latent_hints] + list(OTHER_HINTS)
+    same = [text for c, r, text in hints if c == channels and r == rank]
+    names = same or [text for c, _, text in hints if c == channels]
+    names = list(dict.fromkeys(names))
+    if not names:
+        return f"a {channels}-channel model"
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 def detect(sd: Mapping[str, torch.Tensor], source: str = "state dict") -> ArchSpec:
     for spec in REGISTRY:

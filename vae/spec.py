@@ -65,3 +65,9 @@ class ArchSpec:
     # config_from_state_dict also takes ``metadata=`` (the file's safetensors metadata, {} if none):
     # for families whose files carry hyperparameters the weights cannot tell (LTX-2's ``config``)
     reads_metadata: bool = False
+    # detection order (vae/registry.py): lower first; a family whose keys are a superset of another's
+    # (Flux.2 = KL + BatchNorm) goes before it
+    priority: int = 100
+    # the models whose LATENTs this family decodes, by (channels, rank) (rank 4: image [B, C, h, w],
+    # 5: video), for error messages that name the model a wrong latent came from
+    latent_hints: tuple[tuple[int, int, str], ...] = ()

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LoadError
-from ..exact import region_randn
+from ..noise import region_randn
 from ..keymap import count_indices
 from ..nn.norm import GroupNorm
 from ..nn.resnet import conv2d_1x1, conv2d_3x3
@@ -263,6 +263,8 @@ def describe(cfg: ConsistencyConfig) -> str:
     return f"Consistency Decoder (OpenAI, DALL-E 3; SD1.x/SD2.x latents{part})"
 
 
+# before KL: its encoder is SD's KL encoder (`decoder_unet.` / OpenAI names tell it apart)
 SPEC = ArchSpec(id="consistency", name="Consistency Decoder", detect=consistency_layout.detect,
                 to_canonical=consistency_layout.to_canonical, config_from_state_dict=config_from_state_dict,
-                build=ConsistencyDecoderVAE, capabilities=capabilities, describe=describe)
+                build=ConsistencyDecoderVAE, capabilities=capabilities, describe=describe,
+                priority=10, latent_hints=())

@@ -112,6 +112,8 @@ def describe(cfg: Flux2Config) -> str:
     return f"Flux.2 VAE ({', '.join(parts)})"
 
 
+# before KL: a KL layout plus the latent BatchNorm's `bn.*` (kl.detect alone would claim it)
 SPEC = ArchSpec(id="flux2", name="Flux.2 VAE", detect=detect, to_canonical=to_canonical,
                 config_from_state_dict=config_from_state_dict, build=Flux2VAE, capabilities=capabilities,
-                describe=describe, complete_state_dict=complete_state_dict)
+                describe=describe, complete_state_dict=complete_state_dict,
+                priority=50, latent_hints=((32, 4, "Flux.2 (unpacked)"), (128, 4, "Flux.2 (packed)")))

@@ -224,4 +224,5 @@ def describe(cfg: HunyuanVideoConfig) -> str:
 
 SPEC = ArchSpec(id="hunyuan_video", name="HunyuanVideo VAE", detect=detect, to_canonical=to_canonical,
                 config_from_state_dict=config_from_state_dict, build=HunyuanVideoVAE,
-                capabilities=capabilities, describe=describe)
+                capabilities=capabilities, describe=describe,
+                priority=90, latent_hints=((16, 5, "HunyuanVideo"),))

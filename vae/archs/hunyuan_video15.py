@@ -220,4 +220,5 @@ def describe(cfg: HunyuanVideo15Config) -> str:
 SPEC = ArchSpec(id="hunyuan_video15", name="HunyuanVideo 1.5 VAE", detect=layout.detect,
                 to_canonical=layout.to_canonical,
                 config_from_state_dict=lambda sd, hint=None: layout.config(sd, hint, HunyuanVideo15Config, Resample),
-                build=HunyuanVideo15VAE, capabilities=capabilities, describe=describe)
+                build=HunyuanVideo15VAE, capabilities=capabilities, describe=describe,
+                priority=100, latent_hints=((32, 5, "HunyuanVideo 1.5"),))

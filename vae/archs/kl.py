@@ -155,4 +155,5 @@ def describe(cfg: KLConfig) -> str:
 
 SPEC = ArchSpec(id="kl", name="AutoencoderKL", detect=detect, to_canonical=to_canonical,
                 config_from_state_dict=config_from_state_dict, build=AutoencoderKL,
-                capabilities=capabilities, describe=describe)
+                capabilities=capabilities, describe=describe,
+                priority=60, latent_hints=((4, 4, "SD1.x/SD2.x/SDXL"), (16, 4, "SD3/Flux.1")))

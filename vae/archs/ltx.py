@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LoadError
-from ..exact import region_randn
+from ..noise import region_randn
 from ..keymap import count_indices
 from ..nn.causal import CausalConv3d, depth_to_space, space_to_depth
 from ..nn.norm import ChannelLayerNorm, ChannelRMSNorm
@@ -681,4 +681,5 @@ def describe(cfg: LTXConfig) -> str:
 SPEC = ArchSpec(id="ltx", name="LTX-Video / LTX-2 VAE", detect=ltx_layout.detect,
                 to_canonical=ltx_layout.to_canonical, config_from_state_dict=config_from_state_dict,
                 build=LTXVideoVAE, capabilities=capabilities, describe=describe,
-                complete_state_dict=complete_state_dict, reads_metadata=True)
+                complete_state_dict=complete_state_dict, reads_metadata=True,
+                priority=70, latent_hints=((128, 5, "LTX-Video/LTX-2"),))

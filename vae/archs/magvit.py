@@ -272,4 +272,5 @@ def describe(cfg: MagvitConfig) -> str:
 
 SPEC = ArchSpec(id="magvit", name="EasyAnimate Magvit VAE", detect=detect, to_canonical=to_canonical,
                 config_from_state_dict=config_from_state_dict, build=AutoencoderKLMagvit,
-                capabilities=capabilities, describe=describe)
+                capabilities=capabilities, describe=describe,
+                priority=80, latent_hints=((16, 5, "EasyAnimate"),))

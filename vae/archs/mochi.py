@@ -211,6 +211,8 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None) -> MochiConfig:
     return MochiConfig(**layout.config_fields(sd))
 
 
+# before TAESD: genmo's encoder keys (`encoder.layers.0.weight`) also match tiny.detect
 SPEC = ArchSpec(id="mochi", name="Mochi VAE", detect=layout.detect, to_canonical=layout.to_canonical,
                 config_from_state_dict=config_from_state_dict, build=MochiVAE,
-                capabilities=capabilities, describe=describe)
+                capabilities=capabilities, describe=describe,
+                priority=30, latent_hints=((12, 5, "Mochi"),))

@@ -237,4 +237,5 @@ def describe(cfg: TinyConfig) -> str:
 
 SPEC = ArchSpec(id="tiny", name="TAESD family", detect=detect, to_canonical=to_canonical,
                 config_from_state_dict=config_from_state_dict, build=TinyAutoencoder,
-                capabilities=capabilities, describe=describe, complete_state_dict=complete_state_dict)
+                capabilities=capabilities, describe=describe, complete_state_dict=complete_state_dict,
+                priority=40, latent_hints=())

@@ -217,4 +217,5 @@ def describe(cfg: WanConfig) -> str:
 
 SPEC = ArchSpec(id="wan", name="Wan VAE", detect=layout.detect, to_canonical=layout.to_canonical,
                 config_from_state_dict=lambda sd, hint=None: layout.config(sd, WanConfig), build=WanVAE,
-                capabilities=capabilities, describe=describe)
+                capabilities=capabilities, describe=describe,
+                priority=20, latent_hints=((16, 5, "Wan 2.1/Qwen-Image"), (48, 5, "Wan 2.2")))
