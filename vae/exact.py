@@ -45,121 +45,21 @@ import itertools
 import math
 import queue
 import threading
-from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
-from . import distributed
+from . import distributed, stages
 from . import run as runstate
 from .nn.norm import GroupNorm, group_moments
+from .receptive import Event, Segment, active, probe, scale_of, segments
+from .tiles import Output, Tile, grid
 from .tiling import Progress
 
 Fn = Callable[[torch.Tensor, nn.Module], torch.Tensor]     # fn(x, model): a forward of ``model``
 Spans = Sequence[tuple[int, int]]
-
-
-COARSE = "coarse"
-
-
-def _active(module: nn.Module, scale: Sequence[Fraction]) -> bool:
-    """Whether a re-cut point at ``scale`` (map pixels per latent pixel) is used."""
-    flag = getattr(module, "exact_boundary", False)
-    return bool(flag) and (flag != COARSE or max(scale) <= 1)
-
-
-# ---- receptive field, from a probe pass ---------------------------------------------------------
-
-@dataclass(frozen=True)
-class Event:
-    kind: str                       # "conv", "stats" (a GroupNorm), "whole", "boundary"
-    module: nn.Module
-    size: tuple[int, int]           # spatial size of the module's input
-
-
-def reach(conv: nn.Module) -> tuple[int, int]:
-    """How far (input pixels, per spatial axis) one output pixel of ``conv`` looks to either side:
-    max(left padding, kernel span - left padding). Convs that pad themselves say so (``hw_padding``)."""
-    pad = getattr(conv, "hw_padding", None) or conv.padding[-2:]
-    if isinstance(pad, str):
-        raise ValueError(f"exact tiling: string padding {pad!r} is not supported")
-    return tuple(max(p, (k - 1) * d - p) for p, k, d in zip(pad, conv.kernel_size[-2:], conv.dilation[-2:]))
-
-
-def probe(fn: Fn, model: nn.Module, x: torch.Tensor) -> list[Event]:
-    """Run ``fn(x, model)`` once (a tiny input, as a whole clip) and record, in execution order, every
-    spatial conv, GroupNorm, whole-tensor module and re-cut point with its input size. Modules inside
-    a whole module are not recorded (they run on the whole tensor).
-
-    The hooks go on a private copy of the module tree (same storage, no extra memory), never on the
-    shared model; events name the shared model's modules."""
-    from .guard import eager_copy
-    shadow = eager_copy(model, lambda t: t)
-    original = dict(zip(shadow.modules(), model.modules()))
-    events: list[Event] = []
-    inside = [0]
-
-    def pre(m, args):
-        if inside[0]:
-            return
-        size = tuple(args[0].shape[-2:])
-        if getattr(m, "exact_boundary", False):
-            events.append(Event("boundary", original[m], size))
-        if getattr(m, "exact_whole", False):
-            events.append(Event("whole", original[m], size))
-            inside[0] += 1
-        elif isinstance(m, GroupNorm):
-            events.append(Event("stats", original[m], size))
-        elif isinstance(m, nn.modules.conv._ConvNd) and any(k > 1 for k in m.kernel_size[-2:]):
-            events.append(Event("conv", original[m], size))
-
-    def post(m, args, out):
-        if getattr(m, "exact_whole", False) and inside[0]:
-            inside[0] -= 1
-
-    for m in shadow.modules():
-        m.register_forward_pre_hook(pre)
-        m.register_forward_hook(post)
-    with runstate.using(runstate.Run()):
-        fn(x, shadow)
-    return events
-
-
-@dataclass(frozen=True)
-class Segment:
-    """The layers between two re-cut points: the halo they need (latent pixels, per axis) and the
-    alignment (the segment's resolution drop: a tile cut must fall on its strided grid)."""
-    halo: tuple[Fraction, Fraction]
-    align: tuple[int, int]
-
-
-def segments(events: Sequence[Event], latent_size: tuple[int, int], in_scale: int, out_scale: int) -> list[Segment]:
-    """Split the probe's events at re-cut points; ``in_scale``/``out_scale``: pixels per latent pixel
-    of the model's input and output."""
-    out: list[Segment] = []
-
-    def start(scale):
-        return {"halo": [Fraction(0)] * 2, "start": scale, "low": list(scale)}
-
-    def close(seg):
-        out.append(Segment(tuple(seg["halo"]), tuple(math.ceil(s / lo) for s, lo in zip(seg["start"], seg["low"]))))
-
-    seg = start((Fraction(in_scale),) * 2)
-    for e in events:
-        scale = tuple(Fraction(n, m) for n, m in zip(e.size, latent_size))
-        if e.kind == "boundary" and not _active(e.module, scale):
-            continue
-        seg["low"] = [min(a, b) for a, b in zip(seg["low"], scale)]
-        if e.kind in ("whole", "boundary"):
-            close(seg)
-            seg = start(scale)
-        elif e.kind == "conv":
-            seg["halo"] = [h + Fraction(r) / s for h, r, s in zip(seg["halo"], reach(e.module), scale)]
-    seg["low"] = [min(a, Fraction(out_scale)) for a in seg["low"]]
-    close(seg)
-    return out
 
 
 # ---- coroutines ---------------------------------------------------------------------------------
@@ -169,37 +69,6 @@ class _Abort(BaseException):
 
 
 _ABORT = object()
-
-
-@dataclass
-class Tile:
-    core: tuple[tuple[int, int], ...]          # latent units, per spatial axis
-    latent: tuple[int, ...]                    # the whole latent's size, per spatial axis
-    lo: list[int] = field(default_factory=list)   # the tile tensor's extent, in units of `scale`
-    hi: list[int] = field(default_factory=list)
-    scale: list[Fraction] = field(default_factory=list)   # map units per latent unit at the last cut
-
-    def locate(self, x: torch.Tensor) -> tuple[list[Fraction], tuple[slice, ...]]:
-        """Where the core lies in ``x`` (this tile's tensor at some layer): x's scale, and slices."""
-        scales, slices = [], []
-        for d, ((a, b), lo, hi, s) in enumerate(zip(self.core, self.lo, self.hi, self.scale)):
-            f = Fraction(x.shape[x.dim() - 2 + d], hi - lo)
-            start, stop = (a * s - lo) * f, (b * s - lo) * f
-            if start.denominator != 1 or stop.denominator != 1:
-                raise RuntimeError("exact tiling: a tile's core does not fall on this layer's grid")
-            scales.append(s * f)
-            slices.append(slice(int(start), int(stop)))
-        return scales, (..., *slices)
-
-
-    def extent(self, x: torch.Tensor) -> tuple[list[int], tuple[slice, ...]]:
-        """The whole map's size at ``x``'s layer, and where ``x`` lies in it."""
-        sizes, slices = [], []
-        for d, (n, lo, hi, s) in enumerate(zip(self.latent, self.lo, self.hi, self.scale)):
-            f = Fraction(x.shape[x.dim() - 2 + d], hi - lo)
-            sizes.append(int(n * s * f))
-            slices.append(slice(int(lo * f), int(hi * f)))
-        return sizes, (..., *slices)
 
 
 class _Coroutine:
@@ -266,10 +135,11 @@ class _Coroutine:
     def seam(self, module: nn.Module, x: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]):
         kind = "whole" if getattr(module, "exact_whole", False) else "boundary"
         scales, core = self.tile.locate(x)
-        if kind == "boundary" and not _active(module, scales):
+        if kind == "boundary" and not active(module, scales):
             return forward(x)
         x = self.pause(kind, module, (x[core], scales))    # the re-cut tile (for "whole": of the output)
         return x if kind == "whole" else forward(x)
+
 
 
 # ---- the run ------------------------------------------------------------------------------------
@@ -290,23 +160,10 @@ def _libc_trim() -> Callable[[], object]:
 _trim = _libc_trim()
 
 
-def _cut(tile: Tile, scales: Sequence[Fraction], seg: Segment, full: Sequence[int]) -> None:
-    """Set the tile's extent at the given scales: its core plus the segment's halo, inside the map."""
-    tile.scale = list(scales)
-    tile.lo, tile.hi = [], []
-    for (a, b), s, h, al, n in zip(tile.core, scales, seg.halo, seg.align, full):
-        pad = math.ceil(h * s / al) * al
-        tile.lo.append(max(0, int(a * s) - pad))
-        tile.hi.append(min(n, int(b * s) + pad))
-
-
-def _slice(tile: Tile) -> tuple:
-    return (..., *(slice(lo, hi) for lo, hi in zip(tile.lo, tile.hi)))
-
-
 def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans], in_unit: int, out_unit: int,
               out_device: torch.device, chunks: Optional[tuple[Spans, Spans]] = None, probe_size: int = 4,
-              progress: Optional[Progress] = None) -> torch.Tensor:
+              progress: Optional[Progress] = None, offload: Optional[torch.device] = None,
+              order: str = "auto") -> torch.Tensor:
     """Apply ``fn(x, model)`` (a forward of ``model``) to ``x`` tile by tile with the untiled result.
 
     ``cores``: per spatial axis (the last two of ``x``), spans in latent units that partition it;
@@ -314,7 +171,11 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
     spatial ratio, encode the reverse). ``chunks``: for a model that streams, the spans along time
     (dim 2) of the input chunks and of the output frames each gives (vae/streaming.py); each tile
     then runs the clip chunk by chunk. The output (float32 on ``out_device``) is assembled from the
-    tiles' cores, no blending."""
+    tiles' cores, no blending. ``offload``: where maps and paused tiles wait (default ``out_device``).
+
+    ``order``: "tiles" runs tile after tile (vae/stages.py: one tile's working set), "rounds" runs
+    every tile to each meeting point together (this module), "auto" the first where the model allows
+    it (no GroupNorm statistics)."""
     latent = tuple(n // in_unit for n in x.shape[-2:])
     small = tuple(min(n, probe_size) for n in latent)
     sample = x[(slice(0, 1), ..., *(slice(0, n * in_unit) for n in small))]
@@ -324,9 +185,13 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
     segs = segments(events, small, in_unit, out_unit)
     # the model's own input checks want whole latent pixels (e.g. sides divisible by 8)
     segs[0] = dataclasses.replace(segs[0], align=tuple(math.lcm(a, in_unit) for a in segs[0].align))
-    syncs = [e for e in events if e.kind != "conv" and not (
-        e.kind == "boundary" and not _active(e.module, [Fraction(n, m) for n, m in zip(e.size, small)]))]
-    run = _Run(fn, model, x, latent, segs, syncs, chunks, out_device)
+    staged = stages.plan(events, segs, small) if order != "rounds" else None
+    if order == "tiles" and staged is None:
+        raise ValueError("this model's tiles share GroupNorm statistics: they cannot run one after the other")
+    if staged is not None:
+        return stages.run_stages(fn, model, x, latent, staged, cores, in_unit, segs[0].align, out_device, chunks,
+                                 offload, progress)
+    run = _Run(fn, model, x, latent, segs, events, small, chunks, out_device)
     try:
         return run.go(cores, in_unit, progress)
     finally:
@@ -336,18 +201,35 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
 _CHUNK = Event("chunk", None, (0, 0))       # a round in which every tile hands over a chunk's output
 
 
-class _Run:
-    """One exact run: the tiles' coroutines, the rounds they meet in, the output they fill."""
+def _rounds(events: Sequence[Event], small) -> tuple[list[Event], list[float]]:
+    """The meeting points of every tile (GroupNorms, whole modules, active re-cut points), and the
+    share of the work done before each (the last entry: after the last one)."""
+    syncs, costs, acc = [], [], 0.0
+    for e in events:
+        if e.kind == "conv":
+            acc += e.cost
+        elif e.kind != "boundary" or active(e.module, scale_of(e, small)):
+            syncs.append(e)
+            costs.append(acc)
+            acc = 0.0
+    costs.append(acc)
+    total = sum(costs) or 1.0
+    return syncs, [c / total for c in costs]
 
-    def __init__(self, fn: Fn, model: nn.Module, x: torch.Tensor, latent, segs, syncs, chunks, out_device):
+
+class _Run:
+    """One exact run whose tiles meet: their coroutines, the rounds they meet in, the output they fill."""
+
+    def __init__(self, fn: Fn, model: nn.Module, x: torch.Tensor, latent, segs, events, small, chunks, out_device):
         self.fn, self.model, self.x, self.latent = fn, model, x, latent
-        self.segs, self.syncs, self.chunks, self.out_device = segs, syncs, chunks, out_device
-        self.rounds = list(syncs) + ([_CHUNK] if chunks else [])
+        self.segs, self.chunks, self.out_device = segs, chunks, out_device
+        syncs, self.costs = _rounds(events, small)
+        self.rounds = syncs + ([_CHUNK] if chunks else [])
         # whole-tensor modules run in this thread; in a stream they keep their state here
         self.whole_memory: Optional[dict] = {} if chunks else None
         self.cos: list[_Coroutine] = []      # this rank's tiles (all of them on one process)
-        self.out: Optional[torch.Tensor] = None
         self.comm = distributed.current()
+        self.out = Output(out_device, self.comm.size > 1, chunks[1][-1][1] if chunks else None)
 
     def _body(self, src: torch.Tensor) -> Callable[[_Coroutine], Callable[[], Optional[torch.Tensor]]]:
         fn, model, chunks = self.fn, self.model, self.chunks
@@ -364,40 +246,46 @@ class _Run:
         return make
 
     def go(self, cores, in_unit: int, progress) -> torch.Tensor:
-        self.tiles = [Tile(tuple(c), self.latent) for c in itertools.product(*cores)]
+        self.tiles = grid(cores, self.latent)
         self.owner = [self.comm.owner(i, len(self.tiles)) for i in range(len(self.tiles))]
         tiles = [t for i, t in enumerate(self.tiles) if self.comm.owns(i, len(self.tiles))]
         n_chunks = len(self.chunks[0]) if self.chunks else 1
-        total = len(tiles) * (len(self.rounds) * n_chunks + 1 - bool(self.chunks))
+        units, done = len(tiles) * n_chunks, 0.0      # progress: tiles x chunks, weighted by work
         for tile in tiles:
             self._start(tile, in_unit)
-            self.cos.append(_Coroutine(tile, {} if self.chunks else None, self._body(self.x[_slice(tile)])))
-        done = 0
+            self.cos.append(_Coroutine(tile, {} if self.chunks else None, self._body(self.x[tile.slices()])))
         replies: list = [None] * len(self.cos)
         for step in itertools.count():
             msgs, error = [], None
+            i = step % len(self.rounds) if self.rounds else 0
+            # the work before round i (the chunk round: after the last meeting; the final step: the rest)
+            if step >= len(self.rounds) * n_chunks:
+                share = 0.0 if self.chunks else self.costs[-1]
+            else:
+                share = self.costs[-1] if self.rounds[i] is _CHUNK else self.costs[i]
             try:
-                for i, co in enumerate(self.cos):
-                    reply, replies[i] = replies[i], None
+                for k, co in enumerate(self.cos):
+                    reply, replies[k] = replies[k], None
                     msgs.append(co.resume(reply() if callable(reply) else reply))
                     del reply
                     _trim()
-                    done += 1
+                    done += share / units
                     if progress:              # ComfyUI's interrupt is raised here
-                        progress(min(done, total), total)
+                        progress(min(units, round(done * units)), units)
             except BaseException as e:        # noqa: BLE001 - every rank learns of it in step()
                 error = e
             error = error or next((value for kind, value in msgs if kind == "error"), None)
             if not self.comm.step(error, any(kind != "done" for kind, _ in msgs)):
                 if not self.chunks:
-                    self._write([y for _, y in msgs], None)
-                return self.comm.sum_(self.out)          # the ranks' cores, assembled on every rank
-            i = step % len(self.rounds)
+                    for co, (_, y) in zip(self.cos, msgs):
+                        self.out.write(co.tile, y)
+                return self.comm.sum_(self.out.tensor)          # the ranks' cores, assembled on every rank
             expect = self.rounds[i]
             _check(step, expect, msgs)
             if expect is _CHUNK:
                 index = msgs[0][1][2][0]
-                self._write([v[2][1] for _, v in msgs], self.chunks[1][index])
+                for co, (_, v) in zip(self.cos, msgs):
+                    self.out.write(co.tile, v[2][1], self.chunks[1][index])
                 for co in self.cos:        # the next chunk starts from the input's cut again
                     self._start(co.tile, in_unit)
                 replies = [None] * len(self.cos)
@@ -412,24 +300,7 @@ class _Run:
 
     def _start(self, tile: Tile, in_unit: int) -> None:
         """The tile's extent in the model's input: its core plus the first stretch's halo."""
-        _cut(tile, [Fraction(in_unit)] * 2, self.segs[0], self.x.shape[-2:])
-
-    def _write(self, ys: Sequence[torch.Tensor], frames: Optional[tuple[int, int]]) -> None:
-        """Put each tile's core of its output (a chunk's frames ``frames``, or all) into the output."""
-        for co, y in zip(self.cos, ys):
-            scales, core = co.tile.locate(y)
-            if self.out is None:
-                size = [int(n * s) for n, s in zip(self.latent, scales)]
-                lead = y.shape[:-2] if frames is None else (*y.shape[:2], self.chunks[1][-1][1])
-                # zeros where other ranks' tiles go: the all-reduce at the end fills them in
-                alloc = torch.empty if self.comm.size == 1 else torch.zeros
-                self.out = alloc(*lead, *size, device=self.out_device, dtype=torch.float32)
-            dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(co.tile.core, scales))
-            if frames is not None:
-                if y.shape[2] != frames[1] - frames[0]:
-                    raise RuntimeError(f"a chunk gave {y.shape[2]} frames, expected {frames[1] - frames[0]}")
-                dst = (slice(None), slice(None), slice(*frames)) + dst
-            self.out[(..., *dst)] = y[core].to(self.out_device, torch.float32)
+        tile.cut([Fraction(in_unit)] * 2, self.segs[0], self.x.shape[-2:])
 
     def close(self) -> None:
         for co in self.cos:
@@ -479,8 +350,8 @@ def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=dis
         full = expect.module(full)
 
     def recut(co: _Coroutine) -> torch.Tensor:     # made when the tile resumes: one new slice at a time
-        _cut(co.tile, scales, seg, size)
-        return full[_slice(co.tile)].to(device).clone(memory_format=fmt)
+        co.tile.cut(scales, seg, size)
+        return full[co.tile.slices()].to(device).clone(memory_format=fmt)
     return [functools.partial(recut, co) for co in cos]
 
 
@@ -492,7 +363,7 @@ def _exchange(seg: Segment, msgs, cos, tiles: Sequence[Tile], owner: Sequence[in
     first, scales, size, fmt = _layout(msgs, latent)
     boxes = [[(int(a * s), int(b * s)) for (a, b), s in zip(t.core, scales)] for t in tiles]
     for t in tiles:                           # every tile's new extent, the other ranks' too
-        _cut(t, scales, seg, size)
+        t.cut(scales, seg, size)
     mine = {id(co.tile) for co in cos}
     regions = {id(t): torch.empty(*first.shape[:-2], *(hi - lo for lo, hi in zip(t.lo, t.hi)), dtype=first.dtype,
                                   device=first.device).contiguous(memory_format=fmt) for t in tiles if id(t) in mine}

@@ -13,7 +13,7 @@ from torch import nn
 
 import vae
 from helpers import diffusers_kl, module_attrs
-from vae import exact, run, tiling
+from vae import exact, receptive, run, tiling
 from vae.errors import InputError
 from vae.nn.norm import GroupNorm
 from video_families import FAMILIES
@@ -42,8 +42,15 @@ def test_kl_decode_exact(kl, shape, tile):
     z = torch.randn(shape)
     calls = []
     out = kl.decode(z, tile=tile, mode="exact", progress=lambda d, n: calls.append((d, n)))
-    assert calls[-1][0] == calls[-1][1] > 4            # several tiles, several sync rounds each
+    tiles = len(tiling.core_spans(shape[2], _side(tile, 0) // 4)) * len(tiling.core_spans(shape[3], _side(tile, 1) // 4))
+    # progress counts tiles (as fast mode does), weighted by the work before each meeting round
+    assert tiles > 1 and calls[-1] == (tiles, tiles) and all(n == tiles for _, n in calls)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
     _assert_exact(kl.decode(z), kl.decode(z, tile=tile, overlap=16), out)
+
+
+def _side(tile, axis: int) -> int:
+    return tile[axis] if isinstance(tile, tuple) else tile
 
 
 @pytest.mark.parametrize("size,tile", [((96, 80), 32), ((68, 100), 40)])
@@ -83,7 +90,7 @@ def test_exact_tiles_stream_time_for_causal_families(loaded, family, chunk):
     z = torch.randn(1, v.caps.latent_channels, 4, 5, 4)
     calls = []
     out = v.decode(z, tile=3 * r, tile_frames=chunk * rt, mode="exact", progress=lambda d, n: calls.append(n))
-    assert calls and calls[-1] > 4 * (-(-4 // chunk))        # every tile, every chunk, every sync round
+    assert calls and calls[-1] == 4 * (-(-4 // chunk))        # every tile, every chunk
     assert (out - v.decode(z)).abs().max() <= 1e-5
     x = torch.rand(1, 3, v.frames_for(4), 5 * r, 4 * r)
     assert (v.encode(x, tile=3 * r, tile_frames=chunk * rt, mode="exact") - v.encode(x)).abs().max() <= 1e-5
@@ -119,11 +126,11 @@ def test_consistency_decoder_sampler_noise_and_unet_skips():
 # ---- the halo is computed from the layers, and it is needed ------------------------------------
 
 def test_reach_reads_kernel_dilation_and_padding():
-    assert exact.reach(nn.Conv2d(1, 1, 3, padding=1)) == (1, 1)
-    assert exact.reach(nn.Conv2d(1, 1, 3, padding=0)) == (2, 2)           # caller pads one side (SD down)
-    assert exact.reach(nn.Conv2d(1, 1, (5, 3), padding=(2, 1), dilation=(2, 1))) == (6, 1)
+    assert receptive.reach(nn.Conv2d(1, 1, 3, padding=1)) == (1, 1)
+    assert receptive.reach(nn.Conv2d(1, 1, 3, padding=0)) == (2, 2)           # caller pads one side (SD down)
+    assert receptive.reach(nn.Conv2d(1, 1, (5, 3), padding=(2, 1), dilation=(2, 1))) == (6, 1)
     from vae.nn.causal import CausalConv3d
-    assert exact.reach(CausalConv3d(1, 1, 3, spatial_pad="replicate")) == (1, 1)
+    assert receptive.reach(CausalConv3d(1, 1, 3, spatial_pad="replicate")) == (1, 1)
 
 
 def test_segments_sum_reach_per_resolution_and_split_at_boundaries():
@@ -131,8 +138,8 @@ def test_segments_sum_reach_per_resolution_and_split_at_boundaries():
     net = nn.Sequential(nn.Conv2d(1, 1, 3, padding=1), nn.Conv2d(1, 1, 5, padding=2), up,
                         nn.Conv2d(1, 1, 3, padding=1), nn.Conv2d(1, 1, 3, padding=1))
     with torch.inference_mode():
-        events = exact.probe(lambda x, m: m(x), net, torch.zeros(1, 1, 4, 4))
-    segs = exact.segments(events, (4, 4), 1, 2)
+        events = receptive.probe(lambda x, m: m(x), net, torch.zeros(1, 1, 4, 4))
+    segs = receptive.segments(events, (4, 4), 1, 2)
     assert [s.halo for s in segs] == [(3, 3), (1, 1)]     # 1 + 2 at latent scale; 2 px at 2x = 1 latent
     assert all(s.align == (1, 1) for s in segs)
 
@@ -143,7 +150,8 @@ def test_a_halo_short_of_the_receptive_field_breaks_exactness(kl, monkeypatch):
     real = exact.segments
 
     def short(*args):
-        return [exact.Segment(tuple(max(h - 1, 0) for h in s.halo), s.align) for s in real(*args)]
+        import dataclasses
+        return [dataclasses.replace(s, halo=tuple(max(h - 1, 0) for h in s.halo)) for s in real(*args)]
     monkeypatch.setattr(exact, "segments", short)
     assert (kl.decode(z, tile=48, mode="exact") - kl.decode(z)).abs().max() > VISIBLE
 
