@@ -156,17 +156,35 @@ def place(handle, device: torch.device, dtype: torch.dtype) -> None:
                                            offload_device=mm.vae_offload_device())
 
 
-def prepare(handle, op: Optional[str] = None, shape: Optional[tuple] = None, **plan) -> None:
+def prepare(handle, op: Optional[str] = None, shape: Optional[tuple] = None, **plan) -> Optional[int]:
     """Inside ComfyUI, load the weights onto their device through its memory manager before use, and
     tell it what the call needs besides (one tile of one chunk, measured from the architecture on the
-    meta device: ``VAE.memory_needed``), so it frees that much first."""
+    meta device: ``VAE.memory_needed``), so it frees that much first. Returns that need (None outside
+    ComfyUI or when it cannot be measured)."""
     mm = model_management()
     patcher = _patchers.get(handle.model)
     if mm is None or patcher is None:
-        return
+        return None
     need = handle.memory_needed(tuple(shape), op, **plan) if op and shape is not None else None
     # plain torch layers cannot be partially loaded, so the whole VAE is loaded
     mm.load_models_gpu([patcher], memory_required=need or 0, force_full_load=True)
+    return need
+
+
+GIB = 1 << 30
+
+
+def budget(gb: float, handle, need: Optional[int]) -> Optional[int]:
+    """The memory budget (bytes) a node's call plans for: ``gb`` when the user gives one; with 0, inside
+    ComfyUI, what its memory manager says is free on the VAE's device once the VAE is loaded, when the
+    call as asked (``need``) would not fit in it; else none (the call runs as asked)."""
+    if gb and gb > 0:
+        return int(gb * GIB)
+    mm = model_management()
+    if mm is None or need is None or not hasattr(mm, "get_free_memory"):
+        return None
+    free = int(mm.get_free_memory(placed_device(handle)))
+    return free if need > free else None
 
 
 def placed_device(handle) -> torch.device:

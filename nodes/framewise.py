@@ -11,7 +11,7 @@ from . import _comfy
 from .base import CATEGORY, names_node
 from .convert import frames_to_image
 from .socket import as_engine
-from .tiled import _DECODE_OPTIONS, _latent_tensor, _prepare, _temporal_ratio
+from .tiled import _BUDGET, _DECODE_OPTIONS, _budget, _latent_tensor, _prepare, _temporal_ratio
 
 EXACTNESS = ("Exact (equal to a one-pass decode): Wan 2.1/2.2 (also Qwen-Image's VAE), HunyuanVideo 1.5, Mochi, "
              "EasyAnimate Magvit, and image VAEs (TAESD family, "
@@ -48,20 +48,21 @@ class VAEKitFramewiseDecode:
                                   "Spatial tiles on top, in pixels (0: whole frames). Each tile streams the clip."}),
             "tile_overlap": ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32, "advanced": True, "tooltip":
                                      "Pixels shared by neighbouring spatial tiles and blended."})},
-            "optional": _DECODE_OPTIONS}
+            "optional": {**_DECODE_OPTIONS, "max_memory": _BUDGET}}
 
     @names_node
     def decode(self, samples, vae, frames_per_chunk=2, overlap=1, tile_size=0, tile_overlap=64,
-               decode_timestep=0.05, decode_noise_scale=0.025, seed=0):
+               decode_timestep=0.05, decode_noise_scale=0.025, seed=0, max_memory=0.0):
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
         checks.latent(z)
         _check_counts(frames_per_chunk, overlap, tile_size)
         r = _temporal_ratio(engine)
-        _prepare(engine, "decode", z.shape, tile=tile_size or None,
-                 tile_frames=frames_per_chunk * r if r and z.dim() == 5 else None)
+        need = _prepare(engine, "decode", z.shape, tile=tile_size or None,
+                        tile_frames=frames_per_chunk * r if r and z.dim() == 5 else None)
         opts = dict(tile=tile_size or None, overlap=tile_overlap, out_device=_comfy.intermediate_device(),
-                    timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed)
+                    timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed,
+                    **_budget(engine, max_memory, need))
         if r is None:                                  # image VAE: the batch is the frame axis
             return (_decode_batches(engine, z, frames_per_chunk, opts),)
         if z.dim() != 5:

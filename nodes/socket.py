@@ -13,7 +13,7 @@ import torch
 
 from ..vae import VAE, checks, from_state_dict, tiling
 from ..vae.errors import InputError, VAEKitError
-from ..vae.handle import check_divisible
+from ..vae.handle import MODES, check_divisible
 from . import _comfy
 from .convert import bchw_to_image, center_crop_to_multiple, image_to_bchw, images_to_clips
 
@@ -150,10 +150,11 @@ class CoreVAEEngine:
         return ((1, 1, 1), (tiling.Frames(self.frames), r, r)) if self.is_video else ((1, 1), (r, r))
 
     def _fast_only(self, mode: str) -> None:
-        if mode != "fast":
-            raise InputError(f"exact mode needs a VAE that VAEKit implements; this is a {self.name}, which is "
-                             "tiled through its own calls.", input="mode",
-                             fix="use mode 'fast' for this VAE.")
+        if mode not in MODES:
+            raise InputError(f"unknown tiling mode {mode!r}.", input="mode", fix=f"use one of {', '.join(MODES)}.")
+        if mode != "fast":      # exact is the nodes' default: say what runs instead
+            _comfy.log.warning("VAEKit: exact tiles need a VAE VAEKit implements; %s is tiled through its own "
+                               "calls with blended (fast) tiles", self.name)
 
     def decode(self, z, tile=None, overlap=None, progress=None, out_device=None, tile_frames=None,
                overlap_frames=None, mode="fast", **options):

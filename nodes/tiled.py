@@ -50,16 +50,22 @@ _DECODE_OPTIONS = {
                                 "(the noise above) and the Consistency Decoder (its sampler). Ignored by other VAEs."}),
 }
 
-_MODE = (["fast", "exact"], {"default": "fast",
-                    "tooltip": "fast: independent tiles blended in their overlap (faint seams). exact: the result "
-                               "of an untiled pass (differences at fp32 rounding level): tiles carry a halo as wide "
-                               "as the layers' reach instead of the overlap, share GroupNorm statistics, and "
-                               "attention runs on the whole latent; overlap is not used. Costs: about 1.3-1.5x the "
-                               "untiled time (CPU, SD-shape VAE at 1024 px), and the paused tiles together hold the "
-                               "current level's activations: less memory than an untiled pass, more than fast mode. "
-                               "Video: tiles are spatial; models that stream (Wan, Mochi, Magvit) run each tile "
-                               "chunk by chunk through its causal caches, so memory stays flat in the frame count; "
-                               "others run the whole clip per tile."})
+_MODE = (["exact", "fast"], {"default": "exact",
+                    "tooltip": "exact (default): the result of an untiled pass, no seams (differences at fp32 "
+                               "rounding level): tiles carry a halo as wide as the layers' reach, attention runs "
+                               "on the whole latent, GroupNorm statistics are shared; overlap is not used. Wan, "
+                               "Qwen-Image, HunyuanVideo 1.5 and LTX run tile after tile, each through all its "
+                               "frames, so memory is one tile's however large the image or clip; VAEs with "
+                               "GroupNorm (SD/Flux KL, HunyuanVideo 1.0, Mochi, Magvit) keep paused tiles on the "
+                               "CPU while a GPU runs the others. fast: independent tiles blended in their overlap: "
+                               "faint seams (and flicker in video) where tiles meet, for somewhat less time and "
+                               "memory than exact."})
+_BUDGET = ("FLOAT", {"default": 0.0, "min": 0.0, "max": 4096.0, "step": 0.25, "advanced": True,
+                     "tooltip": "Memory budget in GB (2^30 bytes) for this node's work on the VAE's device. The "
+                                "planner measures the work on the meta device first and picks the largest tile "
+                                "(at most tile_size) and chunk that fit, and logs its plan; if nothing fits, the "
+                                "error names the smallest budget that works. 0: what ComfyUI's memory manager says "
+                                "is free (the tiles as given when they fit)."})
 _TILING = {"tile_size": _TILE, "overlap": _OVERLAP, "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP}
 # the library's argument -> this node's input, for error messages
 _TILING_INPUTS = {"tile": "tile_size", "overlap": "overlap", "tile_frames": "temporal_size",
@@ -86,18 +92,18 @@ class VAEKitTiledDecode:
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             # optional, after the older widgets: saved workflows keep their widget positions
-            "optional": {**_DECODE_OPTIONS, "mode": _MODE, "devices": DEVICES}}
+            "optional": {**_DECODE_OPTIONS, "mode": _MODE, "devices": DEVICES, "max_memory": _BUDGET}}
 
     @names_node
     def decode(self, samples, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8,
-               decode_timestep=0.05, decode_noise_scale=0.025, seed=0, mode="fast", devices=""):
+               decode_timestep=0.05, decode_noise_scale=0.025, seed=0, mode="exact", devices="", max_memory=0.0):
         engine = as_engine(vae, self.DISPLAY_NAME)
         z = _latent_tensor(samples)
         frames = _temporal_tile(engine, temporal_size)
-        _prepare(engine, "decode", z.shape, tile=tile_size, overlap=overlap, tile_frames=frames)
+        need = _prepare(engine, "decode", z.shape, tile=tile_size, overlap=overlap, tile_frames=frames, mode=mode)
         images = _call(engine, devices, "decode", z, tile=tile_size, overlap=overlap, tile_frames=frames,
                        overlap_frames=temporal_overlap, timestep=decode_timestep, noise_scale=decode_noise_scale,
-                       seed=seed, mode=mode)
+                       seed=seed, mode=mode, **_budget(engine, max_memory, need))
         return (frames_to_image(images),)
 
 
@@ -122,11 +128,11 @@ class VAEKitTiledEncode:
                                             "one-frame clip (Qwen-Image). An RGBA VAE gets RGB with opaque alpha."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
-            "optional": {"mode": _MODE, "devices": DEVICES}}
+            "optional": {"mode": _MODE, "devices": DEVICES, "max_memory": _BUDGET}}
 
     @names_node
-    def encode(self, pixels, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8, mode="fast",
-               devices=""):
+    def encode(self, pixels, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8, mode="exact",
+               devices="", max_memory=0.0):
         engine = as_engine(vae, self.DISPLAY_NAME)
         if not torch.is_tensor(pixels) or pixels.dim() != 4:
             raise InputError(f"expected an IMAGE [N, H, W, C], got {type(pixels).__name__}"
@@ -135,9 +141,9 @@ class VAEKitTiledEncode:
         if getattr(engine, "is_video", False):      # the IMAGE batch is one clip, as core's VAE Encode
             x = images_to_clips(x, _temporal_ratio(engine))
         frames = _temporal_tile(engine, temporal_size)
-        _prepare(engine, "encode", x.shape, tile=tile_size, overlap=overlap, tile_frames=frames)
+        need = _prepare(engine, "encode", x.shape, tile=tile_size, overlap=overlap, tile_frames=frames, mode=mode)
         z = _call(engine, devices, "encode", x, tile=tile_size, overlap=overlap, tile_frames=frames,
-                  overlap_frames=temporal_overlap, mode=mode)
+                  overlap_frames=temporal_overlap, mode=mode, **_budget(engine, max_memory, need))
         return (latent_out(None, z),)
 
 
@@ -171,8 +177,23 @@ def _temporal_tile(engine, frames: int) -> int:
     return engine.temporal_tile(frames) if hasattr(engine, "temporal_tile") else frames
 
 
-def _prepare(engine, op: str = None, shape=None, **plan) -> None:
+def _prepare(engine, op: str = None, shape=None, **plan):
     """Our VAE onto its device through ComfyUI's memory manager, with what the call needs besides
-    (a core VAE we tile through its own calls loads itself)."""
+    (a core VAE we tile through its own calls loads itself); that need, or None."""
     if hasattr(engine, "model"):
-        _comfy.prepare(engine, op, shape, **plan)
+        return _comfy.prepare(engine, op, shape, **plan)
+    return None
+
+
+def _budget(engine, gb: float, need) -> dict:
+    """The ``budget`` keyword for our VAE's call (vae/budget.py), from the node's ``max_memory``."""
+    if not isinstance(gb, (int, float)) or isinstance(gb, bool) or not gb >= 0:
+        raise InputError(f"max_memory is {gb!r}.", input="max_memory",
+                         fix="give a budget in GB (e.g. 4), or 0 for what ComfyUI says is free.")
+    if not hasattr(engine, "model"):        # a core VAE we tile through its own calls: no planner
+        if gb:
+            _comfy.log.warning("VAEKit: max_memory applies to VAEs VAEKit implements; %s runs as asked",
+                               getattr(engine, "name", "this VAE"))
+        return {}
+    b = _comfy.budget(gb, engine, need)
+    return {"budget": b} if b else {}

@@ -19,6 +19,7 @@ unless --overwrite).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 import traceback
@@ -82,6 +83,20 @@ def _decode_target(a) -> tuple[Path, str]:
     return target.parent, target.name
 
 
+def _budget(a) -> dict:
+    """``--max-memory`` as the library's ``budget``; the plan goes to stderr (logger "VAEKit")."""
+    from .budget import parse
+    b = parse(a.max_memory)
+    if b:
+        log = logging.getLogger("VAEKit")
+        if not log.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("vae: %(message)s"))
+            log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    return {"budget": b} if b else {}
+
+
 def cmd_decode(a) -> None:
     _check_tiling(a)
     folder, prefix = _decode_target(a)
@@ -92,7 +107,7 @@ def cmd_decode(a) -> None:
     t = time.perf_counter()
     with progress.reporting(progress.terminal_bar(sys.stderr, a.quiet, label="tiles")):
         images = workers.cli_call(v, "decode", z, a.devices, progress.current(), tile=a.tile, overlap=a.overlap,
-                                  mode=a.mode)
+                                  mode=a.mode, **_budget(a))
     if images is None:              # a torchrun rank other than 0: rank 0 writes
         return
     dt = time.perf_counter() - t
@@ -124,7 +139,7 @@ def cmd_encode(a) -> None:
     t = time.perf_counter()
     with progress.reporting(progress.terminal_bar(sys.stderr, a.quiet, label="tiles")):
         z = workers.cli_call(v, "encode", x, a.devices, progress.current(), tile=a.tile, overlap=a.overlap,
-                             mode=a.mode)
+                             mode=a.mode, **_budget(a))
     if z is None:
         return
     outputs.one_file(out, a.overwrite, "-o")
@@ -191,8 +206,11 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--overwrite", action="store_true", help="replace an existing output file")
             s.add_argument("images", nargs="+")
         s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (drawn only on a terminal)")
-        s.add_argument("--mode", choices=("fast", "exact"), default="fast",
-                       help="fast: blended tiles; exact: the untiled result (vae/exact.py)")
+        s.add_argument("--mode", choices=("exact", "fast"), default="exact",
+                       help="exact (default): the untiled result, no seams (vae/exact.py); fast: blended tiles")
+        s.add_argument("--max-memory", metavar="GB", default=None,
+                       help="memory budget on the device, e.g. 4 or 4GB (or 512MB): the largest tile (at most "
+                            "--tile) and chunk that fit, planned before the work and printed (vae/budget.py)")
         s.add_argument("--devices", help="share the tiles among devices, e.g. cuda:0,cuda:1 or cpu,cpu (one worker "
                                          "process per extra device); under torchrun the ranks share them anyway")
     s = command("run", cmd_run, help="run an API-format workflow in-process")

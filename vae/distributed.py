@@ -132,6 +132,16 @@ def current() -> Local:
 
 
 @contextlib.contextmanager
+def alone() -> Iterator[Local]:
+    """Calls inside this block run on this process only (the planner's dry runs inside a distributed call)."""
+    token = _CURRENT.set(None)
+    try:
+        yield LOCAL
+    finally:
+        _CURRENT.reset(token)
+
+
+@contextlib.contextmanager
 def ranks(group=None) -> Iterator[Ranks]:
     """Exact and fast tiled calls inside this block run across the ranks of ``group``."""
     token = _CURRENT.set(Ranks(group))

@@ -44,6 +44,7 @@ import functools
 import itertools
 import math
 import queue
+import sys
 import threading
 from fractions import Fraction
 from typing import Callable, Optional, Sequence
@@ -51,7 +52,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from . import distributed, stages
+from . import distributed, park, stages
+from . import memory as vram
 from . import run as runstate
 from .nn.norm import GroupNorm, group_moments
 from .receptive import Event, Segment, active, probe, scale_of, segments
@@ -77,8 +79,11 @@ class _Coroutine:
     It is also the tile's exact-tiling hooks (``stats``, ``seam``), which its thread finds in its run
     state together with the tile's own stream memory."""
 
-    def __init__(self, tile: Tile, memory: Optional[dict], body: Callable[["_Coroutine"], Callable]):
+    def __init__(self, tile: Tile, memory: Optional[dict], body: Callable[["_Coroutine"], Callable],
+                 device: Optional[torch.device] = None, park_to: Optional[torch.device] = None, force: bool = False):
         self.tile, self._memory = tile, memory
+        self.device, self.park_to, self.force = device, park_to, force   # parking a paused tile (vae/park.py)
+        self._tracker = vram.current_tracker()      # a planner's dry run counts this thread's tensors too
         self._body = body(self)          # what the thread runs: a closure over this coroutine
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -92,7 +97,8 @@ class _Coroutine:
             self._outbox.put(("aborted", None))
             return
         try:
-            with torch.inference_mode(), runstate.using(runstate.Run(memory=self._memory, exact=self)):
+            with torch.inference_mode(), vram.following(self._tracker), \
+                    runstate.using(runstate.Run(memory=self._memory, exact=self)):
                 out = body()
             del body
             self._outbox.put(("done", out))
@@ -102,10 +108,15 @@ class _Coroutine:
             self._outbox.put(("error", e))
 
     def pause(self, kind: str, module: Optional[nn.Module], payload):
+        parked = None
+        if self.park_to is not None:        # wait on the offload device: what this thread's frames hold
+            parked = park.park_frames(sys._getframe(1), self.device, self.park_to, [self._memory], self.force)
         self._outbox.put(("sync", (kind, module, payload)))
         reply = self._inbox.get()
         if reply is _ABORT:
             raise _Abort
+        if parked is not None:
+            parked.restore()
         return reply
 
     def resume(self, reply=None):
@@ -137,7 +148,8 @@ class _Coroutine:
         scales, core = self.tile.locate(x)
         if kind == "boundary" and not active(module, scales):
             return forward(x)
-        x = self.pause(kind, module, (x[core], scales))    # the re-cut tile (for "whole": of the output)
+        core = x[core] if self.park_to is None else x[core].to(self.park_to, copy=True)   # no view pins x
+        x = self.pause(kind, module, (core, scales))    # the re-cut tile (for "whole": of the output)
         return x if kind == "whole" else forward(x)
 
 
@@ -163,7 +175,7 @@ _trim = _libc_trim()
 def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans], in_unit: int, out_unit: int,
               out_device: torch.device, chunks: Optional[tuple[Spans, Spans]] = None, probe_size: int = 4,
               progress: Optional[Progress] = None, offload: Optional[torch.device] = None,
-              order: str = "auto") -> torch.Tensor:
+              order: str = "auto", park_tiles=None, sample: bool = False) -> torch.Tensor:
     """Apply ``fn(x, model)`` (a forward of ``model``) to ``x`` tile by tile with the untiled result.
 
     ``cores``: per spatial axis (the last two of ``x``), spans in latent units that partition it;
@@ -175,7 +187,39 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
 
     ``order``: "tiles" runs tile after tile (vae/stages.py: one tile's working set), "rounds" runs
     every tile to each meeting point together (this module), "auto" the first where the model allows
-    it (no GroupNorm statistics)."""
+    it (no GroupNorm statistics). ``park_tiles``: paused tiles of a "rounds" run wait on ``offload``
+    (vae/park.py; default: when it is another kind of device than the model's; "copy": moved to new
+    storages on the same device, the tests' check that nothing depends on the old ones). ``sample`` (the
+    planner's dry run on the meta device): tile after tile, only the most interior tile runs."""
+    latent = tuple(n // in_unit for n in x.shape[-2:])
+    events, segs, small = _probe(fn, model, x, in_unit, out_unit, chunks, probe_size)
+    staged = stages.plan(events, small, in_unit, out_unit) if order != "rounds" else None
+    if order == "tiles" and staged is None:
+        raise ValueError("this model's tiles share GroupNorm statistics: they cannot run one after the other")
+    if staged is not None:
+        return stages.run_stages(fn, model, x, latent, staged, cores, in_unit, out_device, chunks, offload, progress,
+                                 sample)
+    device = next(model.parameters()).device
+    offload = torch.device(offload or out_device)
+    force = park_tiles == "copy"          # the tests' check: new storages on the same device
+    if park_tiles is None:
+        park_tiles = offload.type != device.type
+    run = _Run(fn, model, x, latent, segs, events, small, chunks, out_device,
+               (device, offload if device.type != "meta" else device) if park_tiles else None, force)
+    try:
+        return run.go(cores, in_unit, progress)
+    finally:
+        run.close()
+
+
+def tile_major(fn: Fn, model: nn.Module, x: torch.Tensor, in_unit: int, out_unit: int, chunks=None,
+               probe_size: int = 4) -> bool:
+    """Whether ``run_exact`` runs this call tile after tile (the model has no GroupNorm statistics)."""
+    events, segs, small = _probe(fn, model, x, in_unit, out_unit, chunks, probe_size)
+    return stages.plan(events, small, in_unit, out_unit) is not None
+
+
+def _probe(fn, model, x, in_unit, out_unit, chunks, probe_size):
     latent = tuple(n // in_unit for n in x.shape[-2:])
     small = tuple(min(n, probe_size) for n in latent)
     sample = x[(slice(0, 1), ..., *(slice(0, n * in_unit) for n in small))]
@@ -185,17 +229,7 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
     segs = segments(events, small, in_unit, out_unit)
     # the model's own input checks want whole latent pixels (e.g. sides divisible by 8)
     segs[0] = dataclasses.replace(segs[0], align=tuple(math.lcm(a, in_unit) for a in segs[0].align))
-    staged = stages.plan(events, segs, small) if order != "rounds" else None
-    if order == "tiles" and staged is None:
-        raise ValueError("this model's tiles share GroupNorm statistics: they cannot run one after the other")
-    if staged is not None:
-        return stages.run_stages(fn, model, x, latent, staged, cores, in_unit, segs[0].align, out_device, chunks,
-                                 offload, progress)
-    run = _Run(fn, model, x, latent, segs, events, small, chunks, out_device)
-    try:
-        return run.go(cores, in_unit, progress)
-    finally:
-        run.close()
+    return events, segs, small
 
 
 _CHUNK = Event("chunk", None, (0, 0))       # a round in which every tile hands over a chunk's output
@@ -220,8 +254,10 @@ def _rounds(events: Sequence[Event], small) -> tuple[list[Event], list[float]]:
 class _Run:
     """One exact run whose tiles meet: their coroutines, the rounds they meet in, the output they fill."""
 
-    def __init__(self, fn: Fn, model: nn.Module, x: torch.Tensor, latent, segs, events, small, chunks, out_device):
+    def __init__(self, fn: Fn, model: nn.Module, x: torch.Tensor, latent, segs, events, small, chunks, out_device,
+                 parking: Optional[tuple[torch.device, torch.device]] = None, force: bool = False):
         self.fn, self.model, self.x, self.latent = fn, model, x, latent
+        self.parking, self.force = parking, force
         self.segs, self.chunks, self.out_device = segs, chunks, out_device
         syncs, self.costs = _rounds(events, small)
         self.rounds = syncs + ([_CHUNK] if chunks else [])
@@ -253,7 +289,9 @@ class _Run:
         units, done = len(tiles) * n_chunks, 0.0      # progress: tiles x chunks, weighted by work
         for tile in tiles:
             self._start(tile, in_unit)
-            self.cos.append(_Coroutine(tile, {} if self.chunks else None, self._body(self.x[tile.slices()])))
+            device, park_to = self.parking or (None, None)
+            self.cos.append(_Coroutine(tile, {} if self.chunks else None, self._body(self.x[tile.slices()]),
+                                       device, park_to, self.force))
         replies: list = [None] * len(self.cos)
         for step in itertools.count():
             msgs, error = [], None
@@ -342,6 +380,8 @@ def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=dis
                        memory_format=fmt)
     if comm.size > 1:
         full.zero_()                  # other ranks' cores arrive by the sum
+    if not whole:
+        vram.offloaded(full)          # assembled where the output lives, not on the compute device
     for co, (_, (_, _, (core, _))) in zip(cos, msgs):
         full[(..., *(slice(int(a * s), int(b * s)) for (a, b), s in zip(co.tile.core, scales)))] = core
     del msgs, first, core

@@ -2,13 +2,15 @@
 route through the tiling engine (a single tile when no tiling is asked for or needed)."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
-from typing import Any, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
 
 import torch
 
-from . import checks, exact, guard, latents, memory, streaming, tiling
+from . import checks, exact, guard, latents, streaming, tiling
 from .errors import InputError
 from .spec import ArchSpec, Capabilities
 
@@ -82,9 +84,9 @@ class VAE:
 
     def _model_input(self, t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
         """``t`` on the device and in the dtype of ``model`` (default: ours; the NaN guard passes its
-        upcast copy)."""
-        dtype = self.dtype if model is None else next(model.parameters()).dtype
-        return t.to(self.device, dtype).contiguous(memory_format=self._memory_format)
+        upcast copy, the planner its meta copy)."""
+        p = next((self.model if model is None else model).parameters())
+        return t.to(p.device, p.dtype).contiguous(memory_format=self._memory_format)
 
     @property
     def is_video(self) -> bool:
@@ -182,78 +184,132 @@ class VAE:
         """The decode inputs this model takes (e.g. LTX's timestep/noise_scale/seed); others are dropped."""
         return {k: v for k, v in options.items() if k in self.caps.decode_options and v is not None}
 
-    def decode(self, z: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
-               progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
-               tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
-               mode: str = "fast", **options) -> torch.Tensor:
-        """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]) in
-        0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
-        ``overlap_frames`` in pixel frames; ``options`` are model decode inputs (see decode_options).
-        ``mode``: "fast" (independent tiles, blended) or "exact" (the untiled result; see vae/exact.py)."""
-        z = self.check_latent(z)
-        _check_mode(mode)
+    def decode_fn(self, **options) -> Callable[..., torch.Tensor]:
+        """The decode of one tile: ``fn(latent, model=None)`` -> pixels in 0..1 (float32); ``model`` is
+        another copy of ours (the NaN guard's upcast copy, the planner's meta copy)."""
         lo, hi = self.caps.value_range
         opts = self.decode_options(options)
 
         def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
-            model = self.model if model is None else model      # the NaN guard's upcast copy
+            model = self.model if model is None else model
             y = model.decode(self._model_input(t, model), **opts)
             return (y.float() - lo) / (hi - lo)
+        return fn
 
+    def encode_fn(self) -> Callable[..., torch.Tensor]:
+        """The encode of one tile: ``fn(pixels in 0..1, model=None)`` -> latent (float32)."""
+        lo, hi = self.caps.value_range
+
+        def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
+            model = self.model if model is None else model
+            return model.encode(self._model_input(t, model) * (hi - lo) + lo).float()
+        return fn
+
+    def decode(self, z: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
+               progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
+               tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
+               mode: str = "fast", budget: Optional[int] = None, offload: DeviceLike = None,
+               **options) -> torch.Tensor:
+        """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]) in
+        0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
+        ``overlap_frames`` in pixel frames; ``options`` are model decode inputs (see decode_options).
+        ``mode``: "fast" (independent tiles, blended) or "exact" (the untiled result; see vae/exact.py).
+        ``budget``: bytes the call may use on the device; the planner (vae/budget.py) then picks the
+        largest tile (at most ``tile``) and chunk that fit, or raises naming the smallest budget that
+        works. ``offload``: where exact mode keeps its maps between stages (default ``out_device``)."""
+        z = self.check_latent(z)
+        _check_mode(mode)
+        opts = self.decode_options(options)
+        fn = self.decode_fn(**opts)
         with torch.inference_mode(), guard.Guard(self, "decode", fn) as g:
             if hasattr(self.model, "prepare_decode"):     # whole-latent steps (seeded noise) before tiling
                 z = self.model.prepare_decode(self._model_input(z), **opts)
-            out = self._oom_retry("decode", tile, z.shape[-2:], self.caps.spatial_ratio, lambda t: self._engine(
-                g, z, z.shape[2:], t, overlap, tile_frames, overlap_frames, mode, True, progress, out_device))
+            call = Call(True, z.shape, tuple(z.shape[2:]), tile, overlap, tile_frames, overlap_frames, mode)
+            out = self._planned(call, budget, out_device, offload, lambda c: self._engine(
+                g, z, c, progress, out_device, offload))
             guard.require_finite(self, out, "decode", z, opts, "samples")
             return out.clamp_(0.0, 1.0)
 
-    def _engine(self, g: guard.Guard, x: torch.Tensor, grid: tuple[int, ...], tile: Tile, overlap: Optional[int],
-                tile_frames: Optional[int], overlap_frames: Optional[int], mode: str, decode: bool,
-                progress: Optional[tiling.Progress], out_device: DeviceLike) -> torch.Tensor:
-        """The one dispatch of both directions: exact tiles (streamed in time where the model
-        streams), a streamed time axis (spatial tiles blended), or the tiling engine (one tile when
-        nothing needs tiling). ``grid``: the latent's size per tiled axis."""
+    def route(self, call: "Call") -> "Route":
+        """How ``call`` runs: exact tiles (streamed in time where the model streams), a streamed time
+        axis (spatial tiles blended), or the tiling engine (one tile when nothing needs tiling)."""
+        caps, grid = self.caps, call.grid
+        plans = self._plans(grid, call.tile, call.overlap, call.tile_frames, call.overlap_frames)
+        chunk = self._stream_chunk(grid[0], call.tile_frames, caps.stream_decode if call.decode else caps.stream_encode)
+        chunks = None
+        if chunk:
+            split = streaming.decode_chunks if call.decode else streaming.encode_chunks
+            chunks = split(grid[0], chunk, caps.temporal_ratio)
+        cores = self._exact_cores(grid[-2:], call.tile) if call.mode == "exact" else None
+        engine = "exact" if cores else "streamed" if chunk else "tiled"
+        return Route(call, plans, chunk, chunks, cores, engine)
+
+    def _engine(self, g: guard.Guard, x: torch.Tensor, call: "Call", progress: Optional[tiling.Progress],
+                out_device: DeviceLike, offload: DeviceLike = None) -> torch.Tensor:
+        """The one dispatch of both directions (see ``route``)."""
         caps, r = self.caps, self.caps.spatial_ratio
         out_device = torch.device(out_device or "cpu")
+        route = self.route(call)
         latent_units, pixel_units = self._scales()
-        ins_u, outs_u = (latent_units, pixel_units) if decode else (pixel_units, latent_units)
-        channels = caps.image_channels if decode else caps.latent_channels
-        plans = self._plans(grid, tile, overlap, tile_frames, overlap_frames)
-        chunk = self._stream_chunk(grid[0], tile_frames, caps.stream_decode if decode else caps.stream_encode)
-        if chunk:
-            split = streaming.decode_chunks if decode else streaming.encode_chunks
-            ins, outs = split(grid[0], chunk, caps.temporal_ratio)
-        cores = self._exact_cores(grid[-2:], tile) if mode == "exact" else None
-        if cores:
-            units = (1, r) if decode else (r, 1)
-            return g.whole(lambda f, m: exact.run_exact(f, m, x, cores, *units, out_device,
-                                                        chunks=(ins, outs) if chunk else None, progress=progress))
-        if chunk:
-            frames = self.frames_for(grid[0]) if decode else grid[0]
+        ins_u, outs_u = (latent_units, pixel_units) if call.decode else (pixel_units, latent_units)
+        channels = caps.image_channels if call.decode else caps.latent_channels
+        plans, chunks = route.plans, route.chunks
+        if route.engine == "exact":
+            units = (1, r) if call.decode else (r, 1)
+            return g.whole(lambda f, m: exact.run_exact(f, m, x, route.cores, *units, out_device, chunks=chunks,
+                                                        progress=progress, offload=offload and torch.device(offload)))
+        if route.engine == "streamed":
+            ins, outs = chunks
+            frames = self.frames_for(call.grid[0]) if call.decode else call.grid[0]
             return streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, x, ins, outs, plans[1:],
                                           ins_u[1:], outs_u[1:], channels, frames, out_device, progress)
         return tiling.run_tiled(g.tiled(plans), x, plans, ins_u, outs_u, channels, out_device, progress=progress)
 
-    def _oom_retry(self, op: str, tile: Tile, grid: tuple[int, int], r: int, run) -> torch.Tensor:
-        """``run(tile)``; when the device runs out of memory, again with spatial tiles of half the size
+    def _planned(self, call: "Call", budget: Optional[int], out_device: DeviceLike, offload: DeviceLike,
+                 run: Callable[["Call"], torch.Tensor]) -> torch.Tensor:
+        """``run(call)``, with its tile and chunk planned for ``budget`` first when one is given; on
+        running out of memory, again with a plan for half the budget (or, without one, half the tile)."""
+        from . import budget as planner
+        where = dict(device=self.device, out_device=torch.device(out_device or "cpu"),
+                     offload=torch.device(offload or out_device or "cpu"))
+        if budget is None:
+            return self._oom_retry(call, lambda c: run(c))
+        while True:
+            p = planner.plan(self, call, budget, **where)
+            log.info("VAEKit %s: %s", "decode" if call.decode else "encode", p.describe())
+            try:
+                return run(p.call)
+            except Exception as e:        # noqa: BLE001 - only out-of-memory errors are retried
+                if not _out_of_memory(e) or budget <= 1 << 20:
+                    raise
+                log.warning("VAEKit: out of memory with a plan for %s; planning again for half of it",
+                            planner.gib(budget))
+                del e
+                _free_memory(self.device)
+                budget //= 2
+
+    def _oom_retry(self, call: "Call", run: Callable[["Call"], torch.Tensor]) -> torch.Tensor:
+        """``run(call)``; when the device runs out of memory, again with spatial tiles of half the size
         (down to 4 latent pixels), as core falls back to tiles. Said in the log each time."""
+        r = self.caps.spatial_ratio
         while True:
             try:
-                return run(tile)
+                return run(call)
             except Exception as e:        # noqa: BLE001 - only out-of-memory errors are retried
                 if not _out_of_memory(e):
                     raise
+                tile = call.tile
                 sizes = tile if isinstance(tile, (tuple, list)) else (tile or 0,) * 2
-                now = [t or max(grid) * r for t in sizes]                # untiled: the longer side
+                now = [t or max(call.grid[-2:]) * r for t in sizes]                # untiled: the longer side
                 smaller = tuple(max(4 * r, t // 2 // r * r) for t in now)
                 if smaller == tuple(now):
                     raise
                 log.warning("VAEKit %s: out of memory with %s tiles; retrying with %dx%d px tiles",
-                            op, "no" if not tile else f"{now[1]}x{now[0]} px", smaller[1], smaller[0])
+                            "decode" if call.decode else "encode", "no" if not tile else f"{now[1]}x{now[0]} px",
+                            smaller[1], smaller[0])
                 del e
                 _free_memory(self.device)
-                tile = smaller
+                call = dataclasses.replace(call, tile=smaller)
 
     def _exact_cores(self, grid: tuple[int, ...], tile: Tile) -> Optional[list]:
         """Exact mode's tile cores per spatial axis (latent units), or None when one tile covers it.
@@ -274,27 +330,36 @@ class VAE:
         chunk = max(1, tile_frames // self.caps.temporal_ratio) if tile_frames else self.caps.stream_chunk
         return chunk if tiling.needs_tiling(latent_frames, chunk) else 0
 
+    def call_for(self, op: str, shape: tuple[int, ...], tile: Tile = None, overlap: Optional[int] = None,
+                 tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None, mode: str = "fast") -> "Call":
+        """The ``Call`` a decode of a latent (encode of pixels) of ``shape`` makes."""
+        caps, r = self.caps, self.caps.spatial_ratio
+        shape = tuple(shape)
+        if op == "decode":
+            if caps.latent_pack > 1 and shape[1] == caps.latent_channels_packed:      # LATENTs packed 2x2
+                p = caps.latent_pack
+                shape = (shape[0], caps.latent_channels, *shape[2:-2], shape[-2] * p, shape[-1] * p)
+            grid = tuple(shape[2:]) if self.is_video else tuple(shape[-2:])
+        else:
+            grid = tuple(n // r for n in shape[-2:])
+            if self.is_video:
+                grid = ((shape[2] - 1) // caps.temporal_ratio + 1,) + grid
+        return Call(op == "decode", shape, grid, tile, overlap, tile_frames, overlap_frames, mode)
+
     def memory_needed(self, shape: tuple[int, ...], op: str = "decode", tile: Tile = None,
                       overlap: Optional[int] = None, tile_frames: Optional[int] = None,
-                      overlap_frames: Optional[int] = None) -> Optional[int]:
-        """Device bytes a call on an input of ``shape`` needs at once (one tile of one chunk), measured
-        on the meta device (vae/memory.py); None if it cannot be measured. For memory managers."""
-        caps, r = self.caps, self.caps.spatial_ratio
-        px = 1 if op == "decode" else r
-        grid = [n // px for n in shape[-2:]]
-        if self.is_video:
-            t = shape[2] if op == "decode" else (shape[2] - 1) // caps.temporal_ratio + 1
-            grid.insert(0, t)
-        plans = self._plans(tuple(grid), tile, overlap, tile_frames, overlap_frames)
-        unit, chunk = [max(b - a for a, b in p.spans) * px for p in plans[-2:]], 0
-        if self.is_video:
-            chunk = self._stream_chunk(grid[0], tile_frames, caps.stream_decode if op == "decode" else caps.stream_encode)
-            # a later chunk: its frames plus the one before it the causal convs see (the first is smaller)
-            frames = chunk + 1 if chunk else max(b - a for a, b in plans[0].spans)
-            unit.insert(0, frames if op == "decode" else 1 + caps.temporal_ratio * (frames - 1))
-        channels = caps.latent_channels if op == "decode" else caps.image_channels
-        streamed = self.is_video and bool(chunk)
-        return memory.working_set(self.model, op, (shape[0], channels, *unit), self.dtype, streamed)
+                      overlap_frames: Optional[int] = None, mode: str = "fast",
+                      offload: DeviceLike = "cpu") -> Optional[int]:
+        """Device bytes a call on an input of ``shape`` needs on the compute device (one tile of one chunk
+        at its peak; exact tiles that meet: all of them), measured on the meta device (vae/budget.py,
+        vae/memory.py); None if it cannot be measured. For memory managers."""
+        from . import budget
+        call = self.call_for(op, shape, tile, overlap, tile_frames, overlap_frames, mode)
+        try:
+            return budget.predict(self, call, self.device, torch.device(offload)).device
+        except Exception:     # noqa: BLE001 - an estimate, never a failure
+            log.debug("VAEKit: no memory estimate for %s", call, exc_info=True)
+            return None
 
     def temporal_tile(self, frames: Optional[int]) -> Optional[int]:
         """A node's temporal tile size (pixel frames) as the frames to run at a time: a model that
@@ -308,28 +373,49 @@ class VAE:
     def encode(self, x: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
-               mode: str = "fast") -> torch.Tensor:
+               mode: str = "fast", budget: Optional[int] = None, offload: DeviceLike = None) -> torch.Tensor:
         """Images [B, C, H, W] (video: clips [B, C, T, H, W]) in 0..1 -> LATENT tensor (packed the way
-        the model family's LATENTs are). ``mode`` as for decode."""
+        the model family's LATENTs are). ``mode``, ``budget`` and ``offload`` as for decode."""
         x = self.check_image(x)
         _check_mode(mode)
-        lo, hi = self.caps.value_range
         r = self.caps.spatial_ratio
-
-        def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
-            model = self.model if model is None else model      # the NaN guard's upcast copy
-            return model.encode(self._model_input(t, model) * (hi - lo) + lo).float()
-
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:
             grid = ((x.shape[2] - 1) // self.caps.temporal_ratio + 1,) + grid
-        with torch.inference_mode(), guard.Guard(self, "encode", fn) as g:
-            z = self._oom_retry("encode", tile, grid[-2:], r, lambda t: self._engine(
-                g, x, grid, t, overlap, tile_frames, overlap_frames, mode, False, progress, out_device))
+        with torch.inference_mode(), guard.Guard(self, "encode", self.encode_fn()) as g:
+            call = Call(False, x.shape, grid, tile, overlap, tile_frames, overlap_frames, mode)
+            z = self._planned(call, budget, out_device, offload, lambda c: self._engine(
+                g, x, c, progress, out_device, offload))
             if hasattr(self.model, "finish_encode"):     # whole-latent steps after tiling (Flux.2's BatchNorm)
                 z = self.model.finish_encode(z)
             guard.require_finite(self, z, "encode", x, {}, "pixels")
             return latents.pack(z, self.caps.latent_pack)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One encode or decode as asked: its direction, input shape, latent grid (per tiled axis: time
+    for video, then H, W) and tiling inputs (pixels, pixel frames)."""
+    decode: bool
+    shape: tuple[int, ...]
+    grid: tuple[int, ...]
+    tile: Tile = None
+    overlap: Optional[int] = None
+    tile_frames: Optional[int] = None
+    overlap_frames: Optional[int] = None
+    mode: str = "fast"
+
+
+@dataclass(frozen=True)
+class Route:
+    """How a call runs: the engine ("exact", "streamed" or "tiled"), its per-axis plans, the stream
+    chunk (latent frames; 0: none) and chunk spans (input, output), exact mode's tile cores."""
+    call: Call
+    plans: list
+    chunk: int
+    chunks: Optional[tuple[list, list]]
+    cores: Optional[list]
+    engine: str
 
 
 def _out_of_memory(e: BaseException) -> bool:

@@ -1,65 +1,213 @@
-"""How much device memory a decode or encode needs, measured from the architecture, not guessed per family.
+"""How much memory a call needs, measured from the architecture on the ``meta`` device before any work.
 
-One unit of work (a tile of a chunk: what the engines hold at once) runs through a copy of the model on
-the ``meta`` device: shapes only, no memory, no arithmetic. The largest activation it produces, times
-``LIVE`` (the input, the output and the temporaries a block holds around its largest tensor), plus what a
-stream keeps between chunks (each causal conv's last input frames), is the working set the memory
-manager is asked for (ComfyUI's ``load_models_gpu(memory_required=...)``); the output buffer lives on the
-intermediate device and is not counted. ``LIVE`` is calibrated on CPU peak RSS (SD decoder at 512 px:
-5.4x its largest activation; Wan one pass: 7.4x, allocator slack included); a GPU's caching allocator
-packs tighter, so this errs on the safe side.
+The call itself (or the one unit of work the engines repeat: a tile of a chunk) runs on a copy of the
+model on the ``meta`` device: shapes only, no memory, no arithmetic. A ``Tracker`` (a torch dispatch
+mode) sees every tensor each op creates and when its storage is freed, so it knows the bytes alive at
+every moment and their peak: the working set, as the allocator would see it, with views and in-place
+ops costing nothing. Tensors the engines put on the offload device (maps kept between stages, the
+output) are reported to the tracker (``offloaded``) and counted apart from the compute device.
+
+The real peak exceeds the live bytes by what the tensor library keeps besides (convolution workspaces,
+allocator rounding and fragmentation): ``CALIBRATION`` per device type, re-measured by
+``bench/bench_budget.py`` (predicted vs measured, printed side by side).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from . import run
 
-LIVE = 5          # tensors of the largest size alive together (see above)
+# measured peak working set / simulated live bytes (bench/bench_budget.py): CPU processes (peak RSS
+# after load, glibc malloc) and, by default, any other device (not yet measured on a GPU here)
+CALIBRATION = {"cpu": 1.25}
+DEFAULT_CALIBRATION = 1.25
+
+
+def calibration(device: torch.device) -> float:
+    return CALIBRATION.get(torch.device(device).type, DEFAULT_CALIBRATION)
+
+
+class Tracker(TorchDispatchMode):
+    """Live storage bytes of the tensors ops create on the meta device, and their peak; tensors
+    reported as offloaded are kept apart (``offload``: their bytes alive at the end, at most)."""
+
+    def __init__(self):
+        super().__init__()
+        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self._away: dict[int, tuple[StorageWeakRef, int]] = {}
+        self._bound = 0          # live bytes counting the freed ones not swept yet: an upper bound
+        self._ignored: set[int] = set()      # storages that live elsewhere (the input, the output)
+        self.peak = 0
+        self.offload = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                self._add(t, self._live)
+        if self._bound > self.peak:          # perhaps a new peak: count what is really alive
+            self._sweep()
+        return out
+
+    def _add(self, t: torch.Tensor, into: dict) -> None:
+        s = t.untyped_storage()
+        if s._cdata not in into and s._cdata not in self._ignored:
+            into[s._cdata] = (StorageWeakRef(s), s.nbytes())
+            if into is self._live:
+                self._bound += s.nbytes()
+
+    def _sweep(self) -> None:
+        self._live = {k: v for k, v in self._live.items() if not v[0].expired()}
+        self._away = {k: v for k, v in self._away.items() if not v[0].expired()}
+        self._bound = sum(n for _, n in self._live.values())
+        self.peak = max(self.peak, self._bound)
+        self.offload = max(self.offload, sum(n for _, n in self._away.values()))
+
+    def move_away(self, t: torch.Tensor, count: bool = True) -> None:
+        """``t`` lives on the offload device (``count``: among the offload bytes) or the intermediate
+        device (the output: known in advance, not counted here)."""
+        key = t.untyped_storage()._cdata
+        entry = self._live.pop(key, None) or (StorageWeakRef(t.untyped_storage()), t.untyped_storage().nbytes())
+        if count:
+            self._away[key] = entry
+        else:
+            self._ignored.add(key)
+        self._sweep()
+
+    def move_back(self, t: torch.Tensor) -> None:
+        key = t.untyped_storage()._cdata
+        entry = self._away.pop(key, None)
+        if entry is not None:
+            self._live[key] = entry
+        self._sweep()
+
+    def hold(self, t: torch.Tensor) -> None:
+        """Count ``t`` (made before tracking began, e.g. the input) as live while it lives."""
+        self._add(t, self._live)
+        self._sweep()
+
+
+_TRACKER: contextvars.ContextVar[Optional[Tracker]] = contextvars.ContextVar("vaekit_tracker", default=None)
+
+
+def offloaded(t: torch.Tensor, count: bool = True) -> None:
+    """The engines call this for tensors they keep off the compute device: maps on the offload device,
+    the output on the intermediate device (``count=False``)."""
+    tracker = _TRACKER.get()
+    if tracker is not None and t.device.type == "meta":
+        tracker.move_away(t, count)
+
+
+def returned(t: torch.Tensor) -> None:
+    """A tensor reported as offloaded is back on the compute device (a parked tile resumed)."""
+    tracker = _TRACKER.get()
+    if tracker is not None and t.device.type == "meta":
+        tracker.move_back(t)
+
+
+def current_tracker() -> Optional[Tracker]:
+    return _TRACKER.get()
+
+
+@contextlib.contextmanager
+def tracking(tracker: Optional[Tracker] = None) -> Iterator[Tracker]:
+    """Track the ops of this thread (and of coroutine threads that re-enter ``tracker``)."""
+    tracker = tracker or Tracker()
+    token = _TRACKER.set(tracker)
+    try:
+        with tracker:
+            yield tracker
+    finally:
+        _TRACKER.reset(token)
+
+
+@contextlib.contextmanager
+def following(tracker: Optional[Tracker]) -> Iterator[None]:
+    """In another thread (an exact run's tile): count its ops in ``tracker`` too."""
+    if tracker is None:
+        yield
+        return
+    token = _TRACKER.set(tracker)
+    try:
+        with _Follower(tracker):
+            yield
+    finally:
+        _TRACKER.reset(token)
+
+
+class _Follower(TorchDispatchMode):
+    def __init__(self, tracker: Tracker):
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.tracker.__torch_dispatch__(func, types, args, kwargs)
+
+
+_META: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
+
+
+def meta_model(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` on the meta device (remembered per model): no memory, no arithmetic."""
+    if model not in _META:
+        from .guard import eager_copy
+        _META[model] = eager_copy(model, lambda t: t.to("meta"))
+    return _META[model]
+
+
+@dataclass(frozen=True)
+class Measure:
+    device: int        # peak live bytes on the compute device (uncalibrated)
+    offload: int       # bytes the engines kept on the offload device
+
+
+def measure(call: Callable[[], object], inputs: tuple[torch.Tensor, ...] = ()) -> Measure:
+    """Run ``call`` (on meta tensors) under a tracker, ``inputs`` counted as live."""
+    with torch.inference_mode(), run.using(run.Run()), tracking() as tracker:
+        for t in inputs:
+            tracker.hold(t)
+        call()
+        tracker._sweep()
+    return Measure(tracker.peak, tracker.offload)
 
 
 _SEEN: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def _largest(model: nn.Module, op: str, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, int]:
-    """The largest activation of ``getattr(model, op)`` on an input of ``shape``, and the frames its causal
-    convs keep between chunks (bytes), remembered per model."""
+def unit_bytes(model: nn.Module, op: str, shape: tuple[int, ...], dtype: torch.dtype, chunks: int = 1) -> int:
+    """Peak live bytes of ``getattr(model, op)`` on an input of ``shape`` (a stream of ``chunks``
+    such inputs, the later ones seeing the earlier ones' caches), remembered per model."""
     seen = _SEEN.setdefault(model, {})
-    key = (op, shape, dtype)
+    key = (op, tuple(shape), dtype, chunks)
     if key not in seen:
-        seen[key] = _measure(model, op, shape, dtype)
+        meta = meta_model(model)
+        x = torch.empty(shape, device="meta", dtype=dtype)
+
+        def call():
+            with run.stream() if chunks > 1 else contextlib.nullcontext():
+                for _ in range(chunks):
+                    getattr(meta, op)(x)
+        seen[key] = measure(call, (x,)).device
     return seen[key]
 
 
-def _measure(model: nn.Module, op: str, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, int]:
-    from .guard import eager_copy
-    from .nn.causal import CausalConv3d
-    meta = eager_copy(model, lambda t: t.to("meta"))
-    largest, kept = [0], [0]
-
-    def hook(m, args, out):
-        if torch.is_tensor(out):
-            largest[0] = max(largest[0], out.numel() * out.element_size())
-        x = args[0] if args else None
-        if isinstance(m, CausalConv3d) and torch.is_tensor(x) and x.dim() == 5 and x.shape[2]:
-            kept[0] += x.numel() * x.element_size() * min(m.time_span, x.shape[2]) // x.shape[2]
-    for m in meta.modules():
-        m.register_forward_hook(hook)
-    with torch.inference_mode(), run.using(run.Run()):
-        getattr(meta, op)(torch.empty(shape, device="meta", dtype=dtype))
-    return largest[0], kept[0]
-
-
 def working_set(model: nn.Module, op: str, unit: tuple[int, ...], dtype: torch.dtype,
-                streamed: bool = False) -> Optional[int]:
-    """Bytes one unit of work of input shape ``unit`` needs on the device (``streamed``: plus the
-    stream's caches), or None if the model cannot run on the meta device (the caller then asks for nothing)."""
+                streamed: bool = False, device: torch.device = torch.device("cpu")) -> Optional[int]:
+    """Bytes one unit of work of input shape ``unit`` needs on the device (``streamed``: a later chunk
+    of a stream, with the caches the earlier ones left), or None if the model cannot run on the meta
+    device (the caller then asks for nothing)."""
     try:
-        largest, kept = _largest(model, op, tuple(unit), dtype)
+        live = unit_bytes(model, op, tuple(unit), dtype, 2 if streamed else 1)
     except Exception:     # noqa: BLE001 - an estimate, never a failure
         return None
-    return LIVE * largest + (kept if streamed else 0)
+    return int(calibration(device) * live)

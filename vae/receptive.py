@@ -125,9 +125,11 @@ def scale_of(event: Event, latent_size: Sequence[int]) -> tuple[Fraction, Fracti
     return tuple(Fraction(n, m) for n, m in zip(event.size, latent_size))
 
 
-def segments(events: Sequence[Event], latent_size: tuple[int, int], in_scale: int, out_scale: int) -> list[Segment]:
+def segments(events: Sequence[Event], latent_size: tuple[int, int], in_scale: int, out_scale: int,
+             every: bool = False) -> list[Segment]:
     """Split the probe's events at re-cut points and whole modules; ``in_scale``/``out_scale``: pixels
-    per latent pixel of the model's input and output."""
+    per latent pixel of the model's input and output. ``every``: at every re-cut point, also those
+    ``active`` leaves out (a tile that crops its own tensor pays nothing for a cut)."""
     out: list[Segment] = []
 
     def start(scale, index):
@@ -140,7 +142,7 @@ def segments(events: Sequence[Event], latent_size: tuple[int, int], in_scale: in
     seg = start((Fraction(in_scale),) * 2, None)
     for i, e in enumerate(events):
         scale = scale_of(e, latent_size)
-        if e.kind == "boundary" and not active(e.module, scale):
+        if e.kind == "boundary" and not every and not active(e.module, scale):
             continue
         seg["low"] = [min(a, b) for a, b in zip(seg["low"], scale)]
         if e.kind in ("whole", "boundary"):

@@ -38,8 +38,9 @@ import torch
 from torch import nn
 
 from . import distributed
+from . import memory as vram
 from . import run as runstate
-from .receptive import Event, Segment, active, scale_of
+from .receptive import Event, Segment, active, scale_of, segments
 from .tiles import Output, Tile, grid
 
 # Re-cut points at this scale or coarser (map pixels per latent pixel) become separators.
@@ -58,15 +59,20 @@ class Stage:
 class StagePlan:
     events: tuple[Event, ...]
     seams: tuple[int, ...]                 # event indices of the seam calls a forward makes, in order
-    roles: dict                            # event index -> "separator", "crop" or "pass"
+    roles: dict                            # event index -> "separator" or "crop"
     stages: tuple[Stage, ...]
+    align: tuple[int, int]                 # the input's alignment (pixels): a replay's tiny input is 2x it
 
 
-def plan(events: Sequence[Event], segs: Sequence[Segment], latent: tuple[int, int]) -> Optional[StagePlan]:
-    """The stages of a model whose probe (``events`` on a ``latent``-sized input, split into ``segs``)
-    has no GroupNorm; None if it has one (its tiles meet at every norm: vae/exact.py)."""
+def plan(events: Sequence[Event], latent: tuple[int, int], in_unit: int, out_unit: int) -> Optional[StagePlan]:
+    """The stages of a model whose probe (``events`` on a ``latent``-sized input) has no GroupNorm; None
+    if it has one (its tiles meet at every norm: vae/exact.py). Every re-cut point finer than
+    ``SEPARATE_AT`` is a crop, also those the meeting engine skips (cropping costs nothing)."""
     if any(e.kind == "stats" for e in events):
         return None
+    segs = segments(events, latent, in_unit, out_unit, every=True)
+    # the model's own input checks want whole latent pixels (e.g. sides divisible by 8)
+    segs[0] = dataclasses.replace(segs[0], align=tuple(math.lcm(a, in_unit) for a in segs[0].align))
     roles, seams = {}, []
     for i, e in enumerate(events):
         if e.kind not in ("whole", "boundary"):
@@ -76,7 +82,7 @@ def plan(events: Sequence[Event], segs: Sequence[Segment], latent: tuple[int, in
         if e.kind == "whole" or (active(e.module, scale) and max(scale) <= SEPARATE_AT):
             roles[i] = "separator"
         else:
-            roles[i] = "crop" if active(e.module, scale) else "pass"
+            roles[i] = "crop"
     groups: list[list[Segment]] = [[]]
     for seg in segs:
         if seg.start is not None and roles.get(seg.start) == "separator":
@@ -87,7 +93,7 @@ def plan(events: Sequence[Event], segs: Sequence[Segment], latent: tuple[int, in
     for k, group in enumerate(groups):
         end = groups[k + 1][0].start if k + 1 < len(groups) else None
         stages.append(Stage(group[0].start, end, _cuts(group), sum(s.cost for s in group) / total))
-    return StagePlan(tuple(events), tuple(seams), roles, tuple(stages))
+    return StagePlan(tuple(events), tuple(seams), roles, tuple(stages), segs[0].align)
 
 
 def _cuts(group: Sequence[Segment]) -> dict:
@@ -130,6 +136,7 @@ class _Maps:
                 else torch.contiguous_format
             m = torch.empty(*x.shape[:-2], *size, dtype=x.dtype, device=self.device, memory_format=self.fmt)
             self.maps[chunk] = m.zero_() if self.zeros else m      # zeros where other ranks' cores go
+            vram.offloaded(m)
         dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(tile.core, scales))
         self.maps[chunk][(..., *dst)] = x[core]
 
@@ -152,6 +159,7 @@ class _Maps:
                 with runstate.stream(memory) if memory is not None else contextlib.nullcontext():
                     y = module(self.maps[c].to(device))
                 self.maps[c] = y.to(self.device, memory_format=self.fmt)
+                vram.offloaded(self.maps[c])
                 del y
 
 
@@ -258,11 +266,14 @@ class _Stages:
 
 
 def run_stages(fn, model: nn.Module, x: torch.Tensor, latent: tuple[int, int], plan: StagePlan, cores,
-               in_unit: int, align: tuple[int, int], out_device: torch.device, chunks=None,
-               offload: Optional[torch.device] = None, progress=None) -> torch.Tensor:
+               in_unit: int, out_device: torch.device, chunks=None,
+               offload: Optional[torch.device] = None, progress=None, sample: bool = False) -> torch.Tensor:
     """Apply ``fn(x, model)`` tile by tile, stage by stage (see the module docstring); the arguments are
-    those of ``vae.exact.run_exact`` plus the plan and the input's alignment (pixels)."""
-    tiny = tuple(min(n, 2 * a) for n, a in zip(x.shape[-2:], align))
+    those of ``vae.exact.run_exact`` plus the plan. ``sample``: only
+    the most interior tile runs (the planner's dry run: every tile's working set is at most its)."""
+    tiny = tuple(min(n, 2 * a) for n, a in zip(x.shape[-2:], plan.align))
+    if sample:
+        cores = [[spans[len(spans) // 2]] for spans in cores]
     run = _Stages(fn, model, x, latent, plan, chunks, out_device, offload or out_device, progress)
     with torch.inference_mode():
         return run.go(cores, in_unit, tiny)

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import memory
 from .receptive import Segment
 
 
@@ -103,6 +104,7 @@ class Output:
             lead = y.shape[:-2] if frames is None else (*y.shape[:2], self.frames)
             alloc = torch.zeros if self.zeros else torch.empty
             self.tensor = alloc(*lead, *size, device=self.device, dtype=torch.float32)
+            memory.offloaded(self.tensor, count=False)     # the intermediate device's, not the working set
         dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(tile.core, scales))
         if frames is not None:
             if y.shape[2] != frames[1] - frames[0]:

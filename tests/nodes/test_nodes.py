@@ -2,6 +2,8 @@
 directions (core nodes get our VAE; our nodes get a core VAE), and errors naming the node."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -138,7 +140,7 @@ def test_exact_mode_through_the_nodes(pack, models):
     (v,) = pack.NODE_CLASS_MAPPINGS["VAEKitLoad"]().load("tiny_kl.safetensors", "fp32", "cpu")
     enc, dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledEncode"](), pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
     for cls in (enc, dec):
-        assert type(cls).INPUT_TYPES()["optional"]["mode"][0] == ["fast", "exact"]
+        assert type(cls).INPUT_TYPES()["optional"]["mode"][0] == ["exact", "fast"]
     image = torch.rand(1, 96, 128, 3)
     (latent,) = enc.encode(image, v, tile_size=64, overlap=32, mode="exact")
     assert (latent["samples"] - v.handle.encode(image.movedim(-1, 1))).abs().max() <= 1e-4
@@ -146,12 +148,20 @@ def test_exact_mode_through_the_nodes(pack, models):
     assert (out - v.handle.decode(latent["samples"]).movedim(1, -1)).abs().max() <= 1e-4
 
 
-def test_exact_mode_on_a_core_vae_we_cannot_convert_says_so(pack):
-    core = FakeCoreVAE({"some.unknown.weight": torch.zeros(1)}, lambda z: z[:, :3].repeat_interleave(8, -1))
+def test_exact_mode_on_a_core_vae_we_cannot_convert_says_so(pack, caplog):
+    """Exact is the default: a core VAE we tile through its own calls gets blended tiles, and the log
+    says so."""
+    core = FakeCoreVAE({"some.unknown.weight": torch.zeros(1)},
+                       lambda z: z[:, :3].repeat_interleave(8, -1).repeat_interleave(8, -2).sigmoid())
     dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
-    with pytest.raises(Exception, match=r"Tiled Decode \(VAEKit\): input 'mode': exact mode needs .*Fix: use mode 'fast'") as err:
-        dec.decode({"samples": torch.randn(1, 4, 20, 20)}, core, tile_size=64, overlap=16, mode="exact")
-    assert type(err.value).__name__ == "InputError"
+    z = {"samples": torch.randn(1, 4, 20, 20)}
+    with caplog.at_level(logging.WARNING, logger="VAEKit"):
+        (out,) = dec.decode(z, core, tile_size=64, overlap=16, mode="exact")
+    assert "exact tiles need a VAE VAEKit implements" in caplog.text and "blended (fast) tiles" in caplog.text
+    (fast,) = dec.decode(z, core, tile_size=64, overlap=16, mode="fast")
+    assert torch.equal(out, fast)
+    with pytest.raises(Exception, match=r"input 'mode': unknown tiling mode"):
+        dec.decode(z, core, tile_size=64, overlap=16, mode="best")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")

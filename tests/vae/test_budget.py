@@ -1,0 +1,197 @@
+"""Exact within a memory budget: tiles run one after the other where they need not meet (vae/stages.py),
+paused tiles wait on the offload device where they must (vae/park.py), and the planner picks tile and
+chunk for a budget from the meta-device measurement (vae/budget.py, vae/memory.py)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import vae
+from helpers import diffusers_kl
+from vae import budget, exact, memory, park
+from vae.errors import InputError
+from video_families import FAMILIES
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def kl():
+    return vae.from_state_dict(diffusers_kl(widths=(32, 64, 64), layers=2).state_dict())
+
+
+def _major(v, x, decode: bool, chunks=None) -> bool:
+    r = v.caps.spatial_ratio
+    fn = v.decode_fn() if decode else v.encode_fn()
+    with torch.inference_mode():
+        return exact.tile_major(fn, v.model, x, *((1, r) if decode else (r, 1)), chunks)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tile_major_order_equals_one_pass_for_every_family_that_allows_it(loaded, family):
+    """Tile after tile, each through all its chunks with its own caches, maps between stages: the
+    one-pass result, both ways. A family whose tiles share GroupNorm statistics cannot (and says so)."""
+    v = loaded[family]
+    r, rt = v.caps.spatial_ratio, v.caps.temporal_ratio
+    z = torch.randn(1, v.caps.latent_channels, 4, 7, 6)
+    x = torch.rand(1, 3, v.frames_for(4), 7 * r, 6 * r)
+    major = _major(v, z, True)
+    assert major == (v.caps.norm in ("rms", "none")), family
+    if not major:
+        with pytest.raises(ValueError, match="GroupNorm"), torch.inference_mode():
+            exact.run_exact(v.decode_fn(), v.model, z, [[(0, 3), (3, 7)], [(0, 3), (3, 6)]], 1, r, CPU, order="tiles")
+        return
+    streams = v.caps.stream_decode
+    kw = dict(tile=3 * r, mode="exact", tile_frames=rt if streams else None)
+    assert (v.decode(z, **kw) - v.decode(z)).abs().max() <= 1e-5
+    kw = dict(tile=3 * r, mode="exact", tile_frames=rt if v.caps.stream_encode else None)
+    assert (v.encode(x, **kw) - v.encode(x)).abs().max() <= 1e-5
+
+
+def test_tile_major_runs_one_tile_at_a_time(loaded):
+    """The stage engine's working set: on the meta measurement, one interior tile of a 4x4 grid needs
+    less than a quarter of an untiled pass, and the same for 4x the frames (caches end with the tile)."""
+    v = loaded["wan"]
+    r = v.caps.spatial_ratio
+    shape = (1, 16, 3, 32, 32)
+    whole = budget.predict(v, v.call_for("decode", shape, tile_frames=4), CPU, CPU).device
+    tiled = budget.predict(v, v.call_for("decode", shape, tile=8 * r, mode="exact", tile_frames=4), CPU, CPU)
+    longer = budget.predict(v, v.call_for("decode", (1, 16, 12, 32, 32), tile=8 * r, mode="exact", tile_frames=4),
+                            CPU, CPU)
+    assert tiled.device < whole / 4
+    assert longer.device == tiled.device and longer.maps > tiled.maps > 0
+
+
+def test_paused_tiles_moved_to_new_storage_change_nothing(kl, loaded):
+    """Parking a paused tile swaps its tensors' storage (on a GPU: to host memory and back). Forced onto
+    new storages on the CPU, any reference left on the old one, or a broken alias, would change the
+    result; it does not, and the tiles' activations are what moves."""
+    moved = []
+    real = park.park
+
+    def spy(tensors, offload, force=False):
+        p = real(tensors, offload, force)
+        moved.append(p.bytes)
+        return p
+    z = torch.randn(1, 4, 24, 20)
+    cores = [[(0, 12), (12, 24)], [(0, 10), (10, 20)]]
+    with torch.inference_mode(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(park, "park", spy)
+        plain = exact.run_exact(kl.decode_fn(), kl.model, z, cores, 1, 4, CPU)
+        assert not moved                          # CPU: the offload device is the compute device
+        parked = exact.run_exact(kl.decode_fn(), kl.model, z, cores, 1, 4, CPU, park_tiles="copy")
+    with torch.inference_mode():
+        whole = kl.decode_fn()(z)                 # unclamped, as the tiles' outputs
+    assert (parked - plain).abs().max() <= 1e-5 and (plain - whole).abs().max() <= 1e-4
+    tile_map = 64 * (12 * 4) * (10 * 4) * 4      # one tile's full-resolution activation map, bytes
+    assert len(moved) > 10 and max(moved) >= tile_map
+    m = loaded["mochi"]                           # streamed in time: the caches move too
+    z = torch.randn(1, 12, 3, 6, 6)
+    chunks = ([(0, 1), (1, 2), (2, 3)], [(0, 1), (1, 7), (7, 13)])
+    with torch.inference_mode():
+        out = exact.run_exact(m.decode_fn(), m.model, z, [[(0, 3), (3, 6)]] * 2, 1, 8, CPU, chunks=chunks,
+                              park_tiles="copy")
+    with torch.inference_mode():
+        assert (out - m.decode_fn()(z)).abs().max() <= 1e-5
+
+
+def test_parked_tiles_leave_the_device_in_the_measurement(kl):
+    """With host memory as the offload device, the measured device working set of tiles meeting in
+    rounds drops to about one tile's (the paused ones wait on the host)."""
+    call = kl.call_for("decode", (1, 4, 96, 96), tile=64, mode="exact")
+    on_cpu = budget.predict(kl, call, CPU, CPU)
+    on_gpu = budget.predict(kl, call, torch.device("cuda"), CPU)
+    assert on_gpu.device < on_cpu.device / 4
+
+
+def test_tracker_counts_live_storage_not_views():
+    x = torch.empty(1000, device="meta")
+
+    def call():
+        a = x * 2                 # 4000 bytes
+        v = a[:10]                # a view: nothing
+        a.mul_(3)                 # in place: nothing
+        b = a + v.sum()           # 4000 more (and a scalar)
+        del a, v
+        c = b * 2                 # b + c alive: 8000
+        return c
+    m = memory.measure(call, (x,))
+    assert 12000 <= m.device <= 12100      # the input, then at most three 1000-float tensors alive
+
+
+@pytest.mark.parametrize("name", ["wan", "kl"])
+def test_the_plan_never_exceeds_its_budget_and_takes_the_largest_tile_that_fits(loaded, kl, name):
+    """Wan on the CPU (tiles one after the other); SD-shape KL planned for a GPU, whose paused tiles wait
+    in host memory (on the CPU they are all alive whatever the tile)."""
+    v = loaded["wan"] if name == "wan" else kl
+    dev = CPU if name == "wan" else torch.device("cuda")
+    shape = (1, 16, 5, 32, 32) if name == "wan" else (1, 4, 64, 64)
+    call = v.call_for("decode", shape, mode="exact")
+    whole = budget.plan(v, call, 1 << 40, dev, CPU, CPU)
+    assert whole.call.tile >= 32 * v.caps.spatial_ratio        # untiled fits a huge budget
+    small = budget.predict(v, v.call_for("decode", shape, tile=16 * v.caps.spatial_ratio, mode="exact"), dev, CPU)
+    small = budget.on_device(small, dev, CPU, CPU)
+    for share in (0.9, 0.6, 0.3):
+        b = int(small + share * (whole.on_device() - small))
+        p = budget.plan(v, call, b, dev, CPU, CPU)
+        assert p.on_device() <= b
+        sizes = budget._candidates(v, call, None)
+        i = sizes.index(p.call.tile)
+        if i > 0:                 # the next larger tile would not have fit
+            larger = budget.predict(v, v.call_for("decode", shape, tile=sizes[i - 1], mode="exact"), dev, CPU)
+            assert budget.on_device(larger, dev, CPU, CPU) > b
+
+
+def test_an_impossible_budget_names_the_smallest_that_works(loaded):
+    v = loaded["wan"]
+    with pytest.raises(InputError, match=r"max_memory.*no tile or chunk fits a memory budget.*at least [0-9.]+ GB"):
+        v.decode(torch.randn(1, 16, 3, 16, 16), mode="exact", budget=1000)
+    with pytest.raises(InputError, match="max_memory"):
+        budget.parse("four")
+    assert budget.parse("512MB") == 512 << 20 and budget.parse(2.0) == 2 << 30 and budget.parse(0) is None
+
+
+def test_a_planned_call_logs_its_plan_and_gives_the_exact_result(loaded, caplog):
+    v = loaded["wan"]
+    z = torch.randn(1, 16, 5, 24, 24)
+    smallest = budget.predict(v, v.call_for("decode", z.shape, tile=64, mode="exact", tile_frames=4), CPU, CPU)
+    with caplog.at_level(logging.INFO, logger="VAEKit"):
+        out = v.decode(z, mode="exact", budget=budget.on_device(smallest, CPU, CPU, CPU) * 11 // 10)
+    assert (out - v.decode(z)).abs().max() <= 1e-5
+    line = next(r.message for r in caplog.records if "predicted on cpu" in r.message)
+    assert "exact" in line and "px tiles" in line and "budget" in line and "output" in line
+
+
+def test_out_of_memory_replans_with_half_the_budget(loaded, monkeypatch, caplog):
+    v = loaded["wan"]
+    seen = []
+    real = budget.plan
+
+    def plan(handle, call, b, **where):
+        seen.append(b)
+        p = real(handle, call, b, **where)
+        if len(seen) == 1:
+            monkeypatch.setattr(v, "_engine", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
+        else:
+            monkeypatch.undo()
+            monkeypatch.setattr(budget, "plan", plan)
+        return p
+    monkeypatch.setattr(budget, "plan", plan)
+    z = torch.randn(1, 16, 2, 16, 16)
+    out = v.decode(z, mode="exact", budget=1 << 34)
+    assert seen[:2] == [1 << 34, 1 << 33] and out.shape[2] == 5
+
+
+def test_exact_is_the_default_of_the_tiled_nodes_and_the_cli(pack):
+    from vae.cli import _parser
+    for name in ("VAEKitTiledDecode", "VAEKitTiledEncode"):
+        spec = pack.NODE_CLASS_MAPPINGS[name].INPUT_TYPES()["optional"]
+        assert spec["mode"][0][0] == "exact" and spec["mode"][1]["default"] == "exact"
+        assert "fast" in spec["mode"][0] and "seams" in spec["mode"][1]["tooltip"]
+        assert spec["max_memory"][1]["default"] == 0.0
+    a = _parser().parse_args(["decode", "--vae", "v.safetensors", "z.latent"])
+    assert a.mode == "exact" and a.max_memory is None
