@@ -153,7 +153,7 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
             memory.offloaded(x, count=False)      # the input waits where the caller has it; tiles are cut from it
             exact.run_exact(fn, model, x, cores, *units, meta, chunks=chunks, offload=meta, park_tiles=parks,
                             sample=True)
-        m = memory.measure(call)
+        m = memory.measure(call, model=model)
         maps = m.offload
         if chunks:                  # maps scale with the chunks; the tracker saw the first k
             done = chunks[0][-1][1] - chunks[0][0][0]

@@ -171,9 +171,13 @@ class Measure:
     offload: int       # bytes the engines kept on the offload device
 
 
-def measure(call: Callable[[], object], inputs: tuple[torch.Tensor, ...] = ()) -> Measure:
-    """Run ``call`` (on meta tensors) under a tracker, ``inputs`` counted as live."""
+def measure(call: Callable[[], object], inputs: tuple[torch.Tensor, ...] = (),
+            model: Optional[nn.Module] = None) -> Measure:
+    """Run ``call`` (on meta tensors) under a tracker, ``inputs`` counted as live; the weights of
+    ``model`` are not working memory, however an op hands them on (``detach``, a no-op ``to``)."""
     with torch.inference_mode(), run.using(run.Run()), tracking() as tracker:
+        if model is not None:
+            tracker._ignored.update(t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()])
         for t in inputs:
             tracker.hold(t)
         call()
@@ -197,7 +201,7 @@ def unit_bytes(model: nn.Module, op: str, shape: tuple[int, ...], dtype: torch.d
             with run.stream() if chunks > 1 else contextlib.nullcontext():
                 for _ in range(chunks):
                     getattr(meta, op)(x)
-        seen[key] = measure(call, (x,)).device
+        seen[key] = measure(call, (x,), meta).device
     return seen[key]
 
 
