@@ -172,21 +172,27 @@ def from_state_dict(sd: Mapping[str, torch.Tensor], name_hint: Optional[str] = N
         raise LoadError(f"{source} holds no tensors.", fix="load a VAE weights file.")
     spec = registry.detect(sd, source)
     tracked = loadcheck.Tracked()
-    with loadcheck.family_step(spec.name, source, tracked):
-        tracked.update(spec.to_canonical(sd))
-        if spec.reads_metadata:
-            config = spec.config_from_state_dict(tracked, name_hint, metadata=dict(metadata or {}))
-        else:
-            config = spec.config_from_state_dict(tracked, name_hint)
-        sd = spec.complete_state_dict(dict(tracked), config)
-        spec.capabilities(config)
-        with torch.device("meta"):
-            model = spec.build(config)
-        missing, unexpected, reshaped = _compare(model, sd)
-        described = spec.describe(config) or spec.name
+    try:
+        with loadcheck.family_step(spec.name, source, tracked):
+            tracked.update(spec.to_canonical(sd))
+            if spec.reads_metadata:
+                config = spec.config_from_state_dict(tracked, name_hint, metadata=dict(metadata or {}))
+            else:
+                config = spec.config_from_state_dict(tracked, name_hint)
+            sd = spec.complete_state_dict(dict(tracked), config)
+            caps = spec.capabilities(config)
+            with torch.device("meta"):
+                model = spec.build(config)
+            missing, unexpected, reshaped = _compare(model, sd)
+            described = spec.describe(config) or spec.name
+    except LoadError as e:
+        # a family that trips over a damaged part: name what is missing where the keys tell it
+        raise loadcheck.damaged(source, spec.name, tracked or sd, []) or e from None
     if missing or unexpected or reshaped:
-        raise LoadError(f"{source} looks like {described} but does not match it: "
-                        f"{loadcheck.mismatch(missing, unexpected, reshaped)}.", fix=loadcheck.DAMAGED_FIX)
+        raise loadcheck.damaged(source, described, sd, missing, unexpected, reshaped, tracked.absent) or LoadError(
+            f"{source} looks like {described} but does not match it: "
+            f"{loadcheck.mismatch(missing, unexpected, reshaped)}.", fix=loadcheck.DAMAGED_FIX)
+    loadcheck.check_shapes(model.eval(), caps, source, described, config)
     loadcheck.check_weights(sd, source, described, expected=model.state_dict())
     with loadcheck.family_step(spec.name, source):
         model.load_state_dict(sd, strict=True, assign=True)

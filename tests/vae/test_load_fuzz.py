@@ -92,7 +92,8 @@ def test_missing_key_is_named_with_the_family(state_dicts):
     sd = dict(state_dicts["kl"])
     del sd["encoder.conv_out.weight"]
     msg = _message(lambda: vae.from_state_dict(sd, source="'sd.safetensors'"))
-    assert "'sd.safetensors' looks like AutoencoderKL but has no tensor 'encoder.conv_out.weight'" in msg
+    assert ("'sd.safetensors' looks like AutoencoderKL but its encoder is incomplete: 1 tensor(s) missing "
+            "('encoder.conv_out.weight') while 51 of its tensors are here") in msg
 
 
 def test_odd_shape_names_the_tensor_it_tripped_on(state_dicts):
