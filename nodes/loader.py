@@ -17,6 +17,7 @@ class VAEKitLoad:
     RETURN_NAMES = ("vae",)
     OUTPUT_TOOLTIPS = ("The VAE; core VAE Decode/Encode nodes accept it too.",)
     FUNCTION = "load"
+    FILE_INPUTS = ("vae_name",)     # a folder listing: this node resolves the name and says where it looked
     DESCRIPTION = ("Loads a VAE (image: AutoencoderKL for SD1.x/SD2.x/SDXL/SD3/Flux.1, the TAESD family, the "
                    "Consistency Decoder; video: Wan 2.1/2.2 and Qwen-Image, Mochi, LTX-Video, HunyuanVideo, "
                    "EasyAnimate) from "
