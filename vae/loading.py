@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 import torch
 from safetensors import safe_open
 
-from . import filekind, loadcheck, pickle_scan, registry, safetensors_header
+from . import checks, filekind, loadcheck, pickle_scan, registry, safetensors_header
 from .archs.tiny import DEC, ENC
 from .errors import LoadError
 from .handle import VAE
@@ -40,8 +40,11 @@ def _check_safetensors(path: Path) -> dict[str, str]:
 
 def _existing(path: PathLike) -> Path:
     path = Path(path)
-    if not path.is_file():
-        raise LoadError(f"no file at '{path}'.", fix="check the path, or put the file in ComfyUI's models/vae folder.")
+    wrong = filekind.wrong_path(path, "file", tuple(SAFETENSORS_SUFFIXES | PICKLE_SUFFIXES))
+    if wrong:
+        problem, fix = wrong
+        raise LoadError(problem, fix=fix if "folder" in problem else
+                        "check the path, or put the file in ComfyUI's models/vae folder.")
     return path
 
 
@@ -167,6 +170,7 @@ def from_state_dict(sd: Mapping[str, torch.Tensor], name_hint: Optional[str] = N
                     metadata: Optional[Mapping[str, str]] = None) -> VAE:
     """``metadata``: the file's safetensors metadata, for families whose files carry hyperparameters
     there (LTX-2's ``config``); the others read everything from the weights."""
+    dtype, device = checks.dtype(dtype), checks.device(device)        # before any work
     sd = unwrap(loadcheck.tensor_entries(sd, source))
     if not sd:
         raise LoadError(f"{source} holds no tensors.", fix="load a VAE weights file.")
@@ -213,6 +217,7 @@ def _compare(model, sd) -> tuple[list[str], list[str], list[str]]:
 def load(path: PathLike, dtype: Optional[torch.dtype] = None, device=None,
          name_hint: Optional[str] = None) -> VAE:
     """Load a VAE file (or a TAESD encoder/decoder pair given by either file or the stem)."""
+    dtype, device = checks.dtype(dtype), checks.device(device)        # before the file is read
     paths = pair_paths(path)
     sd = read_vae_files(paths)
     metadata = read_metadata(paths[0]) if len(paths) == 1 else {}
