@@ -214,3 +214,36 @@ def test_the_v3_classes_check_through_the_same_declaration(pack, image_vae):
     (images,) = v3.execute(samples={"samples": torch.randn(1, 4, 8, 8)}, vae=image_vae, tile_size=64, overlap=0,
                            temporal_size=64, temporal_overlap=8)
     assert images.shape == (1, 64, 64, 3)
+
+
+class _CascadeLikeCoreVAE:
+    """A core comfy.sd.VAE whose encoder compresses 32x and whose decoder expands 8x, as core's Stable
+    Cascade Stage C (EfficientNet encoder, previewer decoder); local, so tiles equal one pass."""
+    first_stage_model = torch.nn.Identity()
+    latent_channels, output_channels = 3, 3
+
+    def get_sd(self):
+        return {}                            # not a VAE VAEKit implements: tiled through these calls
+
+    def spacial_compression_encode(self):
+        return 32
+
+    def spacial_compression_decode(self):
+        return 8
+
+    def encode(self, pixels):                # IMAGE [B, H, W, C] -> latent [B, C, H/32, W/32]
+        return torch.nn.functional.avg_pool2d(pixels.movedim(-1, 1), 32)
+
+    def decode(self, z):                     # latent -> IMAGE [B, 8h, 8w, C]
+        return torch.nn.functional.interpolate(z, scale_factor=8).movedim(1, -1)
+
+
+def test_a_core_vae_that_encodes_and_decodes_at_different_ratios_tiles_both_ways(pack):
+    """Each direction is planned with its own ratio (it used to plan encode tiles with the decode
+    ratio: 'tile function returned (1, 16, 2, 2), expected (1, 16, 8, 8)' with core's Stage C)."""
+    core = _CascadeLikeCoreVAE()
+    x = torch.rand(1, 256, 192, 3)
+    (lat,) = _node(pack, "VAEKitTiledEncode").encode(x, core, tile_size=64, overlap=0, mode="fast")
+    assert torch.allclose(lat["samples"], core.encode(x), atol=1e-6)
+    (img,) = _node(pack, "VAEKitTiledDecode").decode(lat, core, tile_size=64, overlap=0, mode="fast")
+    assert torch.allclose(img, core.decode(lat["samples"]), atol=1e-6)
