@@ -36,7 +36,7 @@ def _error(fn) -> str:
                           "from 64 to 4096."),
     (dict(tile_size=512, overlap=-32), "Tiled Decode (VAEKit): input 'overlap': -32 is below its minimum, 0."),
     (dict(mode="exactly"), "Tiled Decode (VAEKit): input 'mode': 'exactly' is not one of its choices. Fix: choose one "
-                           "of 'fast', 'exact'."),
+                           "of 'exact', 'fast'."),
 ])
 def test_tiled_decode_names_its_own_inputs(pack, image_vae, kw, expect):
     assert expect in _error(lambda: _node(pack, "VAEKitTiledDecode").decode({"samples": torch.randn(1, 4, 8, 8)},
@@ -206,8 +206,10 @@ def test_the_v3_classes_check_through_the_same_declaration(pack, image_vae):
         Combo=types.SimpleNamespace(Input=_Input), **{k: types.SimpleNamespace(Input=_Input, Output=lambda **kw: kw)
                                                       for k in ("Latent", "Vae", "Image", "Mask", "Int", "Float",
                                                                 "Boolean", "String")})
-    v3 = as_v3(pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"], io)
-    assert len(v3.define_schema()["inputs"]) == 11
+    node = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]
+    v3 = as_v3(node, io)
+    spec = node.INPUT_TYPES()
+    assert len(v3.define_schema()["inputs"]) == len(spec["required"]) + len(spec["optional"])
     msg = _error(lambda: v3.execute(samples={"samples": torch.randn(1, 4, 8, 8)}, vae=image_vae, tile_size=64,
                                     overlap=0, temporal_size=64, temporal_overlap=8, mode=None))
     assert msg.startswith("Tiled Decode (VAEKit): input 'mode': None is not one of its choices")
