@@ -88,7 +88,23 @@ def resolve_vae(name: str) -> tuple[Path, str]:
             return _full_path("vae_approx", n), name
     if folder_paths() is None and Path(name).exists():
         return Path(name), Path(name).name
-    raise FileNotFoundError(f"VAE '{name}' not found in the 'vae' or 'vae_approx' model folders.")
+    raise FileNotFoundError(f"VAE '{name}' not found in the 'vae' or 'vae_approx' model folders{_searched()}.")
+
+
+def _searched() -> str:
+    if folder_paths() is not None:
+        return ""
+    dirs = [str(d) for kind in ("vae", "vae_approx") for d in _standalone_dirs(kind)]
+    return f" (searched: {', '.join(dict.fromkeys(dirs))})" if dirs else " (no model folder was given)"
+
+
+def missing_model_fix() -> str:
+    """Where a VAE file goes: ComfyUI's model folders, or, outside ComfyUI, the folders given to the runner."""
+    if folder_paths() is not None:
+        return "put the file in models/vae (or the TAESD pair in models/vae_approx) and refresh."
+    return ("give the folder that holds it with --models (`vaekit run --models FOLDER` / `python -m vae run "
+            "--models FOLDER`; the folder, or its vae/ and vae_approx/ subfolders, holds the files), or set "
+            "VAEKIT_MODEL_DIRS.")
 
 
 # ---- progress / interrupt -------------------------------------------------------------------

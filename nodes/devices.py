@@ -1,13 +1,14 @@
 """The ``devices`` input of Tiled Decode / Tiled Encode: one persistent worker pool per device list
 (vae/workers.py), started on first use, reused across prompts, closed at exit or when the list
-changes. Where the devices or the VAE's file are not there, the node runs on one device and says why."""
+changes. Where the devices or the VAE's file are not there (a workflow from another machine), the node
+runs on one device and says why; a list that cannot be right anywhere (an unknown device name, one
+device, mixed types) is refused with a fix."""
 from __future__ import annotations
 
 import logging
 from typing import Optional
 
 from ..vae import workers
-from ..vae.errors import VAEKitError
 
 log = logging.getLogger("VAEKit")
 _POOL: dict[str, workers.Pool] = {}
@@ -24,11 +25,11 @@ def pool_for(text: str, engine) -> Optional[workers.Pool]:
     if not text:
         return None
     try:
-        devices = workers.parse_devices(text)
+        devices = workers.parse_devices(text)        # a list no machine can run: the error goes to the user
         if getattr(engine, "path", None) is None:
-            raise VAEKitError("this VAE was not loaded from a file by VAE Load (VAEKit), so worker processes "
-                              "cannot load it.")
-    except VAEKitError as e:
+            raise workers.DevicesAbsent("this VAE was not loaded from a file by VAE Load (VAEKit), so worker "
+                                        "processes cannot load it.")
+    except workers.DevicesAbsent as e:
         log.warning("VAEKit: devices %r: %s Running on one device.", text, e.problem)
         return None
     pool = _POOL.get(text)

@@ -13,17 +13,28 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..vae import outputs
+from ..vae import filekind, outputs
 from ..vae.errors import InputError, VAEKitError
 from ..vae.imageio import read_image, write_animated_webp, write_image
 from ..vae.latents import read_latent_file, write_latent_file
 from . import NODE_CLASS_MAPPINGS
+from .inputs import problem as input_problem
 
 
 def _files(folder: Optional[Path], suffixes: tuple[str, ...]) -> list[str]:
+    """The files (not folders, whatever their names end in) of ``folder`` with these suffixes."""
     if folder is None or not folder.is_dir():
         return []
-    return sorted(p.name for p in folder.iterdir() if p.suffix.lower() in suffixes)
+    return sorted(p.name for p in folder.iterdir() if p.suffix.lower() in suffixes and p.is_file())
+
+
+def _input_file(name: str, what: str) -> Path:
+    """A file of the input folder by name (``run_prompt`` checks before anything runs that there is one)."""
+    if _Dirs.input is None:
+        raise InputError(f"no input folder to read the {what} '{name}' from.", input=what,
+                         fix="pass the folder that holds it (`vaekit run --input FOLDER` / `python -m vae run "
+                             "--input FOLDER`, or run_prompt(input_dir=...)).")
+    return _Dirs.input / name
 
 
 class _Dirs:
@@ -53,13 +64,14 @@ def _save_all(prefix: str, ext: str, items: Sequence, write, width: int = 0, hei
 
 class LoadImage:
     RETURN_TYPES, FUNCTION = ("IMAGE", "MASK"), "load"
+    READS_INPUT = True            # needs the runner's input folder (--input)
 
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"image": (_files(_Dirs.input, (".png", ".jpg", ".jpeg", ".webp", ".npy")),)}}
 
     def load(self, image):
-        img = read_image(_Dirs.input / image)[None]
+        img = read_image(_input_file(image, "image"))[None]
         return img, torch.zeros(img.shape[:3])
 
 
@@ -107,13 +119,14 @@ class SaveAnimatedWEBP:
 
 class LoadLatent:
     RETURN_TYPES, FUNCTION = ("LATENT",), "load"
+    READS_INPUT = True
 
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"latent": (_files(_Dirs.input, (".latent",)),)}}
 
     def load(self, latent):
-        return ({"samples": read_latent_file(_Dirs.input / latent)},)
+        return ({"samples": read_latent_file(_input_file(latent, "latent"))},)
 
 
 class SaveLatent:
@@ -218,18 +231,35 @@ def validate_prompt(prompt: dict, classes: Optional[dict] = None) -> list[str]:
             continue
         inputs = node.get("inputs", {})
         spec = cls.INPUT_TYPES()
+        files = set(getattr(cls, "FILE_INPUTS", ()))
         for name, decl in spec.get("required", {}).items():
             if name not in inputs:
                 errors.append(f"#{nid} {node['class_type']}: required input '{name}' missing")
                 continue
-            errors += [f"#{nid} {node['class_type']}.{name}: {e}" for e in _check_value(inputs[name], decl, prompt, classes)]
+            errors += [f"#{nid} {node['class_type']}.{name}: {e}" for e in _input_kind(cls, name, inputs[name])
+                       or _check_value(inputs[name], decl, prompt, classes, name in files)]
+        for name, decl in spec.get("optional", {}).items():
+            if name in inputs:
+                errors += [f"#{nid} {node['class_type']}.{name}: {e}"
+                           for e in _check_value(inputs[name], decl, prompt, classes, name in files)]
         declared = set(spec.get("required", {})) | set(spec.get("optional", {}))
         errors += [f"#{nid} {node['class_type']}: unknown input '{n}'" for n in inputs if n not in declared]
     return errors
 
 
-def _check_value(value, decl, prompt, classes) -> list[str]:
-    kind, opts = decl[0], (decl[1] if len(decl) > 1 else {})
+def _input_kind(cls, name: str, value) -> list[str]:
+    """A name of the input folder that is not a file there (a folder named like one, a broken link):
+    said as such, where the choices (files only) would just not list it."""
+    if not (getattr(cls, "READS_INPUT", False) and isinstance(value, str) and _Dirs.input is not None):
+        return []
+    wrong = filekind.wrong_path(_Dirs.input / value, f"{name} file")
+    return [f"{wrong[0]} Fix: {wrong[1]}"] if wrong and "no " not in wrong[0][:3] else []
+
+
+def _check_value(value, decl, prompt, classes, file_list: bool = False) -> list[str]:
+    """A link's source and type, or a literal against its declaration (nodes/inputs.py, the check every
+    node call makes too)."""
+    kind = decl[0]
     if _is_link(value):
         src = prompt.get(value[0])
         if src is None:
@@ -240,23 +270,10 @@ def _check_value(value, decl, prompt, classes) -> list[str]:
         got = out_types[value[1]]
         want = kind if isinstance(kind, str) else "COMBO"
         return [] if got == want or "*" in (got, want) else [f"type mismatch: {got} into {want}"]
-    if isinstance(kind, list):
-        if not kind:   # a folder listing we cannot see here: any file name
-            return [] if isinstance(value, str) else [f"expected a file name, got {value!r}"]
-        return [] if value in kind else [f"value {value!r} not in {kind[:6]}{'...' if len(kind) > 6 else ''}"]
-    if kind in ("INT", "FLOAT"):
-        if not isinstance(value, (int, float)) or (kind == "INT" and not float(value).is_integer()):
-            return [f"expected {kind}, got {value!r}"]
-        if "min" in opts and value < opts["min"]:
-            return [f"value {value} smaller than min {opts['min']}"]
-        if "max" in opts and value > opts["max"]:
-            return [f"value {value} bigger than max {opts['max']}"]
-        return []
-    if kind == "STRING":
-        return [] if isinstance(value, str) else [f"expected STRING, got {value!r}"]
-    if kind == "BOOLEAN":
-        return [] if isinstance(value, bool) else [f"expected BOOLEAN, got {value!r}"]
-    return [f"data input {kind} given a literal {value!r}"]
+    if isinstance(kind, str) and kind not in ("INT", "FLOAT", "STRING", "BOOLEAN"):
+        return [f"data input {kind} given a literal {value!r}"]
+    trouble = input_problem(value, decl, file_list)
+    return [f"{trouble[0]} Fix: {trouble[1]}"] if trouble else []
 
 
 def check_api_format(prompt, name: str = "the workflow") -> dict:
@@ -277,8 +294,9 @@ def check_api_format(prompt, name: str = "the workflow") -> dict:
 def read_workflow(path) -> dict:
     """An API-format workflow from a JSON file, with one clear error for each way it can be wrong."""
     path = Path(path)
-    if not path.is_file():
-        raise WorkflowError(f"no workflow file at '{path}'.", fix="check the path.")
+    wrong = filekind.wrong_path(path, "workflow file", (".json",))
+    if wrong:
+        raise WorkflowError(wrong[0], fix=wrong[1])
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -308,16 +326,58 @@ def _check_outputs(prompt: dict) -> list[str]:
     return problems
 
 
+def _check_inputs(prompt: dict, classes: dict) -> list[str]:
+    """Nodes that read the input folder need one (ComfyUI always has one; the runner only when given)."""
+    if _Dirs.input is not None:
+        wrong = filekind.wrong_folder(_Dirs.input, "input folder")
+        return [f"{wrong[0]} Fix: {wrong[1]}"] if wrong else []
+    return [f"#{nid} {node['class_type']} reads {next(iter(node.get('inputs', {}).values()), '?')!r} from the input "
+            "folder, but no input folder was given. Fix: pass the folder that holds it (`vaekit run --input FOLDER` "
+            "/ `python -m vae run --input FOLDER`, or run_prompt(input_dir=...))."
+            for nid, node in prompt.items() if getattr(classes.get(node.get("class_type")), "READS_INPUT", False)]
+
+
+def _check_written(prompt: dict, ui: dict, classes: dict) -> None:
+    """Every output node reported the files it wrote, and they are there: no success is reported for an
+    output that was not written."""
+    problems = []
+    for nid, node in prompt.items():
+        cls = classes.get(node.get("class_type"))
+        if not getattr(cls, "OUTPUT_NODE", False):
+            continue
+        files = [f for kind, items in ui.get(nid, {}).items() if kind != "animated" for f in items]
+        if not files:
+            problems.append(f"#{nid} {node['class_type']} wrote no file (an empty batch?).")
+        problems += [f"#{nid} {node['class_type']} reported '{f}', which is not there." for f in files
+                     if not Path(f).is_file()]
+    if problems:
+        raise WorkflowError(f"the workflow ran but {len(problems)} output(s) are missing: " + " ".join(problems),
+                            problems, fix="check the output folder (another program may have moved the files) "
+                                          "and the nodes before the save nodes.")
+
+
 def run_prompt(prompt: dict, input_dir=None, output_dir=None, model_dirs=None) -> dict[str, Any]:
-    """Validate, then execute the graph in dependency order; returns each output node's 'ui'."""
+    """Validate, then execute the graph in dependency order; returns each output node's 'ui', after
+    checking that every file it lists was written."""
     prompt = check_api_format(prompt)
+    before = os.environ.get("VAEKIT_MODEL_DIRS")
+    if model_dirs:            # for this run only: a later run without model_dirs does not see them
+        os.environ["VAEKIT_MODEL_DIRS"] = os.pathsep.join(str(d) for d in model_dirs)
+    try:
+        return _run(prompt, input_dir, output_dir)
+    finally:
+        if before is None:
+            os.environ.pop("VAEKIT_MODEL_DIRS", None)
+        else:
+            os.environ["VAEKIT_MODEL_DIRS"] = before
+
+
+def _run(prompt: dict, input_dir, output_dir) -> dict[str, Any]:
     _Dirs.input = Path(input_dir) if input_dir else None
     _Dirs.output = Path(os.path.abspath(output_dir or "output"))
-    if model_dirs:
-        os.environ["VAEKIT_MODEL_DIRS"] = os.pathsep.join(str(d) for d in model_dirs)
     classes = node_classes()
     errors = validate_prompt(prompt, classes)
-    errors += _check_outputs(prompt) if not errors else []
+    errors += (_check_outputs(prompt) + _check_inputs(prompt, classes)) if not errors else []
     if errors:
         raise WorkflowError(f"invalid workflow: {len(errors)} problem(s): " + "; ".join(errors), errors)
     results: dict[str, Any] = {}
@@ -346,4 +406,5 @@ def run_prompt(prompt: dict, input_dir=None, output_dir=None, model_dirs=None) -
 
     for nid in prompt:
         run(nid)
+    _check_written(prompt, ui, classes)
     return ui

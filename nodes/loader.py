@@ -17,6 +17,7 @@ class VAEKitLoad:
     RETURN_NAMES = ("vae",)
     OUTPUT_TOOLTIPS = ("The VAE; core VAE Decode/Encode nodes accept it too.",)
     FUNCTION = "load"
+    FILE_INPUTS = ("vae_name",)     # a folder listing: this node resolves the name and says where it looked
     DESCRIPTION = ("Loads a VAE (image: AutoencoderKL for SD1.x/SD2.x/SDXL/SD3/Flux.1, the TAESD family, the "
                    "Consistency Decoder; video: Wan 2.1/2.2 and Qwen-Image, Mochi, LTX-Video, HunyuanVideo, "
                    "EasyAnimate) from "
@@ -39,14 +40,13 @@ class VAEKitLoad:
 
     @names_node
     def load(self, vae_name: str, dtype: str = "auto", device: str = "auto"):
+        dev = _comfy.compute_device(device)           # the cheap checks first: nothing is read in vain
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise LoadError("CUDA is not available on this machine.", input="device", fix="choose 'auto' or 'cpu'.")
         try:
             path, hint = _comfy.resolve_vae(vae_name)
         except FileNotFoundError as e:
-            raise LoadError(str(e), input="vae_name",
-                            fix="put the file in models/vae (or the pair in models/vae_approx) and refresh.") from None
-        dev = _comfy.compute_device(device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise LoadError("CUDA is not available on this machine.", input="device", fix="choose 'auto' or 'cpu'.")
+            raise LoadError(str(e), input="vae_name", fix=_comfy.missing_model_fix()) from None
         try:
             handle = load(path, name_hint=hint)
         except LoadError as e:

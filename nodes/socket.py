@@ -130,23 +130,28 @@ class VAEKitVAE:
 
 class CoreVAEEngine:
     """A core ``comfy.sd.VAE`` whose architecture we do not implement: tiled through the one
-    engine, each tile through its own decode/encode call."""
+    engine, each tile through its own decode/encode call. Encode and decode are planned with their own
+    ratios: core VAEs may compress by another factor than they expand (Stable Cascade's Stage C
+    EfficientNet encodes 32x, its previewer decodes 8x), and a tile planned with the other one is not
+    the size the plan expects."""
 
     def __init__(self, core):
         self.core = core
-        self.ratio = int(core.spacial_compression_decode())
+        decode = int(core.spacial_compression_decode())
+        encode = int(getattr(core, "spacial_compression_encode", core.spacial_compression_decode)())
+        self.ratios = {"decode": decode, "encode": encode}
         self.frames = getattr(core, "temporal_compression_decode", lambda: None)()
         self.is_video = self.frames is not None
         self.name = f"core VAE ({type(core.first_stage_model).__name__})"
 
-    def _plans(self, grid, tile, overlap, tile_frames, overlap_frames):
-        plans = tiling.plan_grid(grid[-2:], tile, overlap, self.ratio)
+    def _plans(self, op, grid, tile, overlap, tile_frames, overlap_frames):
+        plans = tiling.plan_grid(grid[-2:], tile, overlap, self.ratios[op])
         if self.is_video:
             plans.insert(0, tiling.plan_frames(grid[0], tile_frames, overlap_frames, self.frames))
         return plans
 
-    def _scales(self):
-        r = self.ratio
+    def _scales(self, op):
+        r = self.ratios[op]
         return ((1, 1, 1), (tiling.Frames(self.frames), r, r)) if self.is_video else ((1, 1), (r, r))
 
     def _fast_only(self, mode: str) -> None:
@@ -163,8 +168,8 @@ class CoreVAEEngine:
 
         def fn(t):
             return self.core.decode(t).movedim(-1, 1).float()
-        lat, px = self._scales()
-        plans = self._plans(z.shape[2:], tile, overlap, tile_frames, overlap_frames)
+        lat, px = self._scales("decode")
+        plans = self._plans("decode", z.shape[2:], tile, overlap, tile_frames, overlap_frames)
         return tiling.run_tiled(fn, z, plans, lat, px, int(self.core.output_channels), out_device, progress=progress)
 
     def encode(self, x, tile=None, overlap=None, progress=None, out_device=None, tile_frames=None,
@@ -173,15 +178,15 @@ class CoreVAEEngine:
 
         def fn(t):   # core takes IMAGE batches; a video VAE makes the batch one clip
             return self.core.encode((t[0].movedim(0, -1) if self.is_video else t.movedim(1, -1))).float()
-        r = self.ratio
+        r = self.ratios["encode"]
         x = checks.image(x, int(getattr(self.core, "output_channels", 3)), r, self.is_video)
         check_divisible(*x.shape[-2:], r, self.name)
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:
             grid = ((x.shape[2] - 1) // self.frames + 1,) + grid
-        lat, px = self._scales()
-        return tiling.run_tiled(fn, x, self._plans(grid, tile, overlap, tile_frames, overlap_frames), px, lat,
-                                int(self.core.latent_channels), out_device, progress=progress)
+        lat, px = self._scales("encode")
+        return tiling.run_tiled(fn, x, self._plans("encode", grid, tile, overlap, tile_frames, overlap_frames), px,
+                                lat, int(self.core.latent_channels), out_device, progress=progress)
 
 
 _converted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -1,7 +1,8 @@
 """Malformed but plausible weights, generated deterministically from a family's tiny state dict:
-dropped, renamed and swapped keys, wrong dtypes and shapes, non-finite and non-tensor values (in
-memory, for ``vae.from_state_dict``), and malformed safetensors headers, truncations, bit flips,
-random bytes and mislabelled files (on disk, for ``vae.load``).
+dropped, renamed and swapped keys, sub-models dropped whole (a half-file) or in part (a damaged one),
+wrong dtypes and shapes, non-finite and non-tensor values (in memory, for ``vae.from_state_dict``),
+and malformed safetensors headers, truncations, bit flips, random bytes and mislabelled files (on
+disk, for ``vae.load``).
 
 ``python3 tests/fuzz_cases.py`` prints, per family, how many cases end in which exception type."""
 from __future__ import annotations
@@ -37,6 +38,38 @@ def _drop(n_frac: float):
 def _drop_module(sd, rng):
     prefix = _key(sd, rng).rsplit(".", 2)[0] + "."
     return {k: v for k, v in sd.items() if not k.startswith(prefix)}
+
+
+def _parts(sd) -> dict[str, list[str]]:
+    """Keys by sub-model (their first name: encoder, decoder, quant_conv, bn, ...)."""
+    parts: dict[str, list[str]] = {}
+    for k in sorted(x for x in sd if isinstance(x, str)):
+        parts.setdefault(k.split(".", 1)[0], []).append(k)
+    return parts
+
+
+def _drop_part(sd, rng):
+    """A whole sub-model absent (an encoder-only or decoder-only file, a file without statistics):
+    it loads as such or is refused, never half-built."""
+    drop = set(rng.choice(sorted(_parts(sd).values())))
+    return {k: v for k, v in sd.items() if k not in drop}
+
+
+def _drop_in_part(share: float):
+    """Some keys of a present sub-model missing (a damaged half): refused, naming them."""
+    def f(sd, rng):
+        keys = rng.choice([ks for ks in _parts(sd).values() if len(ks) > 1] or list(_parts(sd).values()))
+        drop = set(rng.sample(keys, min(len(keys) - 1, max(1, int(len(keys) * share)))) or keys[:1])
+        return {k: v for k, v in sd.items() if k not in drop}
+    return f
+
+
+def _drop_first(sd, rng):
+    """The first tensor of a sub-model (sorted: e.g. its conv_in), the one a family reads to decide that
+    the sub-model is there: without it the rest must not be read as an absent half."""
+    keys = rng.choice([ks for ks in _parts(sd).values() if len(ks) > 1] or list(_parts(sd).values()))
+    first = next((k for k in keys if k.endswith(".weight")), keys[0])
+    return {k: v for k, v in sd.items() if k != first}
 
 
 def _rename(sd, rng):
@@ -135,6 +168,10 @@ SD_MUTATIONS: tuple[tuple[str, Callable, int], ...] = (
     ("drop 1 key", _drop(0.0), 12),
     ("drop 5% of keys", _drop(0.05), 4),
     ("drop a module", _drop_module, 6),
+    ("drop a whole part", _drop_part, 4),
+    ("drop one key of a part", _drop_in_part(0.0), 4),
+    ("drop a third of a part", _drop_in_part(0.33), 3),
+    ("drop a part's first weight", _drop_first, 4),
     ("rename a key", _rename, 8),
     ("swap two tensors", _swap, 4),
     ("int64 weight", _dtype(torch.int64), 2),

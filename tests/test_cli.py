@@ -311,3 +311,116 @@ def test_the_eta_counts_the_first_tile(monkeypatch):
     bar(2, 3)
     bar(3, 3)
     assert term.text.endswith("3/3 chunks  30.0 s   \n")
+
+
+# ---- a new user's frictions and a hostile runner's inputs ---------------------------------------
+
+def test_run_names_the_option_a_workflow_needs(cli, small, tmp_path, no_work):
+    wf = _workflow(tmp_path, "x")
+    code, _, err = cli("run", wf, "--models", DEMO, "--output", tmp_path / "out")
+    assert code == 1 and "reads 'small.latent' from the input folder, but no input folder was given" in _one_line(err)
+    assert "--input FOLDER" in err and "TypeError" not in err
+
+
+def test_run_without_models_names_the_option(cli, small, tmp_path):
+    code, _, err = cli("run", _workflow(tmp_path, "x"), "--input", small, "--output", tmp_path / "out")
+    assert code == 1 and "not found in the 'vae' or 'vae_approx' model folders (no model folder was given)" in \
+        _one_line(err) and "--models FOLDER" in err
+
+
+def test_a_folder_where_a_file_is_expected(cli, small, tmp_path, no_work):
+    folder = tmp_path / "looks_like.latent"
+    (folder / "inner").mkdir(parents=True)
+    (small / "dir.latent").mkdir(exist_ok=True)                  # named like a latent, in the input folder
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for args, expect in (
+            (("decode", "--vae", WEIGHTS, "-o", tmp_path / "dec", folder), f"'{folder}' is a folder, not a latent file"),
+            (("encode", "--vae", WEIGHTS, "-o", tmp_path / "x.latent", small), f"'{small}' is a folder, not an image. "
+                                                                            "It holds 'small.png'"),
+            (("run", tmp_path, "--output", tmp_path / "out"), f"'{tmp_path}' is a folder, not a workflow file"),
+            (("run", _workflow(tmp_path / "a", "x", "dir.latent"), "--models", DEMO, "--input", small, "--output",
+              tmp_path / "out"), f"LoadLatent.latent: '{small / 'dir.latent'}' is a folder, not a latent file"),
+            (("run", _workflow(tmp_path / "b", "x"), "--models", WEIGHTS, "--input", small, "--output",
+              tmp_path / "out"), "is a file, not a folder")):
+        code, out, err = cli(*args)
+        assert code == 1 and expect in _one_line(err) and "no file at" not in err and "no latent file" not in err, \
+            (args, err)
+    (small / "dir.latent").rmdir()
+
+
+def test_run_never_reports_an_output_it_did_not_write(pack, cli, small, tmp_path, monkeypatch):
+    """A save node that lists a file it did not write (here: its writer returns the names and writes
+    nothing) is a failure, not 'node N: image ...'."""
+    from vaekit.nodes import headless
+    monkeypatch.setattr(headless, "_save_all", lambda prefix, ext, items, write, *a: [str(tmp_path / f"{prefix}.png")])
+    code, out, err = cli("run", _workflow(tmp_path, "x"), "--models", DEMO, "--input", small,
+                         "--output", tmp_path / "out")
+    assert code == 1 and "SaveImage reported" in _one_line(err) and "which is not there" in err and "node " not in out
+
+
+def test_help_shows_the_default_tile_and_overlap(cli):
+    from vae import cli as module
+    for command in ("decode", "encode"):
+        text = module._parser()._subparsers._group_actions[0].choices[command].format_help()
+        assert "default: 512" in text and "(default: 64)" in text
+
+
+def test_demo_and_info_take_quiet_and_the_demo_leaves_nothing(cli, tmp_path, monkeypatch):
+    import tempfile
+    import vae.demo
+    seen = {}
+    monkeypatch.setattr(vae.demo, "run_demo", lambda **kw: seen.update(kw))
+    assert cli("demo", "-q")[:2] == (0, "") and seen["verbose"] is False and seen["out_dir"] is None
+    code, out, err = cli("info", "-q", WEIGHTS)
+    assert code == 0 and "TAESD family" in out
+    monkeypatch.undo()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))     # where a temporary folder would go
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                                    # a 64 px image: hand-offs cost more than maths
+    try:
+        r = vae.demo.run_demo(tile=64, overlap=8, size=64, verbose=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert r["files"] == {} and r["out_dir"] is None and list(tmp_path.iterdir()) == []
+
+
+def test_exact_mode_counts_tiles_like_fast_mode(tmp_path, monkeypatch):
+    """Exact mode's engine reports rounds of its tiles; the bar counts the tiles, as in fast mode."""
+    from vae import cli as module
+    from vae.imageio import read_image, write_image
+    write_image(tmp_path / "128.png", read_image(DEMO / "vaekit_sample.png")[:128, :128])
+    counts = {}
+    for mode in ("fast", "exact"):
+        term = _Terminal()
+        monkeypatch.setattr(sys, "stderr", term)
+        assert module.main(["encode", "--vae", str(WEIGHTS), "--tile", "64", "--overlap", "16", "--mode", mode,
+                            "-o", str(tmp_path / f"{mode}.latent"), str(tmp_path / "128.png")]) == 0
+        counts[mode] = term.text.rstrip().rsplit("\r", 1)[-1].split("]")[1].split()[:2]
+    assert counts["fast"] == counts["exact"] == ["4/4", "tiles"]
+
+
+def test_the_console_script_runs_from_any_folder(tmp_path):
+    """`pip install -e .` puts `vaekit` (pyproject's [project.scripts]) on the PATH; here its function
+    runs from another folder with the checkout importable, as the editable install makes it."""
+    import os
+    tomllib = pytest.importorskip("tomllib")
+    target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["vaekit"]
+    module, func = target.split(":")
+    code = (f"import sys, {module}\n"
+            f"for argv in (['info', {str(WEIGHTS)!r}], ['decode', '--tile']):\n"
+            f"    sys.argv = ['vaekit', *argv]\n"
+            f"    try:\n        {module}.{func}()\n"
+            f"    except SystemExit as e:\n        print('exit', e.code, flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "TAESD family" in r.stdout and "exit 0" in r.stdout and "exit 2" in r.stdout, r.stdout + r.stderr
+    assert r.stderr.startswith("vaekit: error: ") and "`vaekit decode --help`" in r.stderr
+
+
+def test_without_torch_the_cli_says_what_to_install():
+    code = ("import sys, runpy; sys.modules['torch'] = None; sys.argv = ['vae', '--help']; "
+            "runpy.run_module('vae', run_name='__main__', alter_sys=True)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("vae: error: VAEKit needs PyTorch") and "pip install" in r.stderr

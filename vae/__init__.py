@@ -4,9 +4,27 @@
     v = load("taef2_decoder.safetensors")      # family and hyperparameters detected from the keys
     images = v.decode(latent, tile=512, overlap=64)
 """
-from .errors import InputError, LoadError, NonFiniteError, VAEKitError
-from .handle import VAE
-from .loading import from_state_dict, load, read_state_dict
+try:
+    import torch  # noqa: F401 (imported first: without it, one error that says what to install)
+except ImportError as _missing:        # the command line (vae/entry.py) says what to install
+    _TORCH_MISSING: "ImportError | None" = _missing
+else:
+    _TORCH_MISSING = None
+    from .errors import InputError, LoadError, NonFiniteError, VAEKitError
+    from .handle import VAE
+    from .loading import from_state_dict, load, read_state_dict
 
 __all__ = ["VAE", "load", "from_state_dict", "read_state_dict", "VAEKitError", "LoadError", "InputError",
            "NonFiniteError"]
+
+TORCH_HELP = ("VAEKit needs PyTorch, which this Python ({python}) cannot import ({error}). Fix: install it "
+              "(https://pytorch.org/get-started/locally/ gives the command for your GPU, e.g. "
+              "`python3 -m pip install torch`), then `python3 -m pip install -r requirements.txt`; or "
+              "`python3 -m pip install -e .` in the repository for the `vaekit` command.")
+
+
+def __getattr__(name: str):
+    if _TORCH_MISSING is not None and name in __all__:
+        import sys
+        raise ImportError(TORCH_HELP.format(python=sys.executable, error=_TORCH_MISSING))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -158,3 +158,43 @@ def frames(tile_frames, overlap_frames) -> tuple[int, int]:
     """Temporal tile size and overlap in pixel frames, checked (small sizes are raised to the
     planner's minimum of 2 latent frames by design)."""
     return _size(tile_frames, "tile_frames", "frames"), _size(overlap_frames, "overlap_frames", "frames")
+
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def dtype(d, input: str = "dtype"):
+    """A weights/compute dtype: None (the default), a floating torch dtype, or its name ('bf16')."""
+    if d is None:
+        return None
+    if isinstance(d, str) and d.lower() in DTYPES:
+        return DTYPES[d.lower()]
+    if isinstance(d, torch.dtype) and d.is_floating_point:
+        return d
+    raise InputError(f"{d!r} is not a floating-point dtype.", input=input,
+                     fix="use torch.float32, torch.bfloat16 or torch.float16 (or 'fp32', 'bf16', 'fp16').")
+
+
+def device(d, input: str = "device"):
+    """A device this machine has: None (the default), or a torch device / name ('cuda:1'). An unknown
+    name, a CUDA or MPS device the machine lacks, or 'meta' (no data) is refused, not met as a raw torch
+    error at the first tensor moved there."""
+    if d is None:
+        return None
+    try:
+        dev = torch.device(d)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(f"{d!r} is not a device torch knows.", input=input,
+                         fix="use 'cpu', 'cuda' (or 'cuda:N'), or 'mps'.") from None
+    if dev.type == "cuda":
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= have:
+            raise InputError(f"{dev} is not on this machine: it has {have} CUDA device(s).", input=input,
+                             fix="use 'cpu'" + (f" or cuda:0 .. cuda:{have - 1}." if have else " (this PyTorch sees "
+                                                "no CUDA device; a CPU-only build, or no driver)."))
+    elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise InputError("MPS (Apple GPU) is not available on this machine.", input=input, fix="use 'cpu'.")
+    elif dev.type == "meta":
+        raise InputError("the meta device holds no data; a VAE cannot run there.", input=input, fix="use 'cpu' or a GPU.")
+    return dev

@@ -1,4 +1,5 @@
-"""Command line: `python -m vae <command>` from the repo root. No ComfyUI needed.
+"""Command line: `vaekit <command>` from any folder after `pip install -e .` in the repository, or
+`python -m vae <command>` from the repository root. No ComfyUI needed.
 
   demo                          encode+decode a sample image with the shipped demo VAE (no downloads)
   info VAE_FILE                 what the loader detects in a file
@@ -27,12 +28,12 @@ from pathlib import Path
 
 import torch
 
-from . import checks, load, outputs, progress, workers
+from . import checks, filekind, load, outputs, progress, workers
 from .errors import InputError, VAEKitError
 from .imageio import read_image, write_image
 from .latents import read_latent_file, write_latent_file
 
-PROG = "vae"
+PROG = "vae"          # the name errors start with ("vae: error: ..."), as the tests and scripts read them
 
 
 class UsageError(InputError):
@@ -41,7 +42,7 @@ class UsageError(InputError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):     # one line, not argparse's usage block
-        raise UsageError(f"{message} (`python -m {self.prog} --help` lists the options).")
+        raise UsageError(f"{message} (`{self.prog} --help` lists the options).")
 
 
 def _peak_mib() -> float:
@@ -57,11 +58,22 @@ def _check_tiling(a) -> None:
         raise UsageError(f"--overlap {a.overlap}: the overlap is 0 or more pixels.")
 
 
-def _exists(path: str, what: str) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"no {what} at '{p}'.", input=what, fix="check the path.")
-    return p
+def _exists(path: str, what: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """A file given on the command line: missing, a folder, or not a regular file is said as such."""
+    wrong = filekind.wrong_path(path, what, suffixes)
+    if wrong:
+        raise InputError(wrong[0], input=what, fix=wrong[1])
+    return Path(path)
+
+
+def _folder(path: str, option: str) -> Path:
+    wrong = filekind.wrong_folder(path)
+    if wrong:
+        raise InputError(wrong[0], input=option, fix=wrong[1])
+    return Path(path)
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".npy")
 
 
 def cmd_info(a) -> None:
@@ -91,10 +103,17 @@ def _budget(a) -> dict:
         log = logging.getLogger("VAEKit")
         if not log.handlers:
             handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("vae: %(message)s"))
+            handler.setFormatter(logging.Formatter(f"{_name}: %(message)s"))
             log.addHandler(handler)
         log.setLevel(logging.INFO)
     return {"budget": b} if b else {}
+
+
+def _bar(v, op: str, a):
+    """The progress bar of a decode/encode: the engines report tiles x time chunks (a model that streams
+    runs each tile chunk by chunk), in fast and exact mode alike."""
+    streams = v.is_video and (v.caps.stream_decode if op == "decode" else v.caps.stream_encode)
+    return progress.terminal_bar(sys.stderr, a.quiet, label="tile chunks" if streams else "tiles")
 
 
 def cmd_decode(a) -> None:
@@ -105,7 +124,7 @@ def cmd_decode(a) -> None:
     z = read_latent_file(a.latent)
     v = load(a.vae)
     t = time.perf_counter()
-    with progress.reporting(progress.terminal_bar(sys.stderr, a.quiet, label="tiles")):
+    with progress.reporting(_bar(v, "decode", a)):
         images = workers.cli_call(v, "decode", z, a.devices, progress.current(), tile=a.tile, overlap=a.overlap,
                                   mode=a.mode, **_budget(a))
     if images is None:              # a torchrun rank other than 0: rank 0 writes
@@ -127,7 +146,7 @@ def cmd_encode(a) -> None:
     outputs.check_writable(out.parent, "-o")
     outputs.one_file(out, a.overwrite, "-o")
     for p in a.images:
-        _exists(p, "image")
+        _exists(p, "image", IMAGE_SUFFIXES)
     x = [read_image(p) for p in a.images]
     sizes = {tuple(i.shape) for i in x}
     if len(sizes) > 1:
@@ -137,7 +156,7 @@ def cmd_encode(a) -> None:
     v = load(a.vae)
     x = torch.stack(x).movedim(-1, 1)
     t = time.perf_counter()
-    with progress.reporting(progress.terminal_bar(sys.stderr, a.quiet, label="tiles")):
+    with progress.reporting(_bar(v, "encode", a)):
         z = workers.cli_call(v, "encode", x, a.devices, progress.current(), tile=a.tile, overlap=a.overlap,
                              mode=a.mode, **_budget(a))
     if z is None:
@@ -153,16 +172,17 @@ def cmd_run(a) -> None:
     from vaekit.nodes.headless import read_workflow, run_prompt   # noqa: E402 (the package exists only now)
     prompt = read_workflow(a.workflow)
     for d, what in [(a.input, "--input"), *((m, "--models") for m in a.models or ())]:
-        if d is not None and not Path(d).is_dir():
-            raise InputError(f"no folder at '{d}'.", input=what, fix="check the path.")
+        if d is not None:
+            _folder(d, what)
     outputs.check_writable(a.output, "--output", create=True)       # ComfyUI creates its output folder too
     t = time.perf_counter()
     with progress.reporting(progress.terminal_bar(sys.stderr, a.quiet)):     # the nodes' tiles and chunks
         ui = run_prompt(prompt, input_dir=a.input, output_dir=a.output, model_dirs=a.models)
-    for nid, out in ui.items():
+    for nid, out in ui.items():        # every file listed here was checked to be there (run_prompt)
         for kind, files in out.items():
-            for f in files:
-                print(f"node {nid}: {kind[:-1]} {f}")
+            if kind != "animated":
+                for f in files:
+                    print(f"node {nid}: {kind[:-1]} {f}")
     print(f"ran {len(prompt)} nodes in {time.perf_counter() - t:.2f} s, peak RSS {_peak_mib():.0f} MiB")
 
 
@@ -171,11 +191,11 @@ def cmd_demo(a) -> None:
     _check_tiling(a)
     if a.output:
         outputs.check_writable(a.output, "--output", create=True)
-    run_demo(out_dir=a.output, tile=a.tile, overlap=a.overlap)
+    run_demo(out_dir=a.output, tile=a.tile, overlap=a.overlap, verbose=not a.quiet)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = _Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true", help="print the traceback of an error")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
@@ -186,17 +206,21 @@ def _parser() -> argparse.ArgumentParser:
         s.set_defaults(fn=fn)
         return s
 
+    quiet = dict(action="store_true", help="no progress bar or table (the bar is drawn only on a terminal)")
     s = command("demo", cmd_demo, help="run the embedded demo")
-    s.add_argument("--output", help="folder for the reconstructions")
-    s.add_argument("--tile", type=int, default=256)
-    s.add_argument("--overlap", type=int, default=32)
+    s.add_argument("--output", help="folder for the reconstructions (default: none written)")
+    s.add_argument("--tile", type=int, default=256, help="tile size in pixels (default: %(default)s)")
+    s.add_argument("--overlap", type=int, default=32, help="tile overlap in pixels (default: %(default)s)")
+    s.add_argument("-q", "--quiet", **{**quiet, "help": "print nothing but errors"})
     s = command("info", cmd_info, help="describe a VAE file")
     s.add_argument("vae")
+    s.add_argument("-q", "--quiet", **{**quiet, "help": "accepted for symmetry; info draws no bar"})
     for name, fn in (("decode", cmd_decode), ("encode", cmd_encode)):
         s = command(name, fn, help=f"{name} with a VAE file")
         s.add_argument("--vae", required=True, help="VAE file (or a TAESD pair by stem)")
-        s.add_argument("--tile", type=int, default=512, help="tile size in pixels (0: untiled; else at least 64)")
-        s.add_argument("--overlap", type=int, default=64, help="tile overlap in pixels")
+        s.add_argument("--tile", type=int, default=512,
+                       help="tile size in pixels (0: untiled; else at least 64; default: %(default)s)")
+        s.add_argument("--overlap", type=int, default=64, help="tile overlap in pixels (default: %(default)s)")
         if name == "decode":
             s.add_argument("-o", "--output", help="file name prefix (out/dec -> out/dec_00001_.png, counting up "
                                                   "past existing files) or an existing folder")
@@ -205,7 +229,7 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("-o", "--output", help="the .latent file to write (default: beside the first image)")
             s.add_argument("--overwrite", action="store_true", help="replace an existing output file")
             s.add_argument("images", nargs="+")
-        s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (drawn only on a terminal)")
+        s.add_argument("-q", "--quiet", **quiet)
         s.add_argument("--mode", choices=("exact", "fast"), default="exact",
                        help="exact (default): the untiled result, no seams (vae/exact.py); fast: blended tiles")
         s.add_argument("--max-memory", metavar="GB", default=None,
@@ -214,23 +238,30 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--devices", help="share the tiles among devices, e.g. cuda:0,cuda:1 or cpu,cpu (one worker "
                                          "process per extra device); under torchrun the ranks share them anyway")
     s = command("run", cmd_run, help="run an API-format workflow in-process")
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (drawn only on a terminal)")
+    s.add_argument("-q", "--quiet", **quiet)
     s.add_argument("workflow")
-    s.add_argument("--models", action="append", help="folder(s) with VAE files (or vae/ and vae_approx/)")
-    s.add_argument("--input", help="folder LoadImage/LoadLatent read from")
+    s.add_argument("--models", action="append", help="folder with the VAE files the workflow loads (or with vae/ "
+                                                      "and vae_approx/ subfolders); repeat for more folders")
+    s.add_argument("--input", help="folder LoadImage/LoadLatent read from (needed when the workflow has them)")
     s.add_argument("--output", default="output", help="folder SaveImage/SaveLatent write to (created if missing)")
     return p
 
 
+_name = PROG
+
+
 def _say(message: str) -> None:
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+    print(f"{_name}: error: {' '.join(message.split())}", file=sys.stderr)
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = PROG) -> int:
+    """``prog``: the command as the user typed it (``vaekit``, ``python -m vae``), for usage hints."""
+    global _name
+    _name = "vaekit" if prog == "vaekit" else PROG
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        a = _parser().parse_args(argv)
+        a = _parser(prog).parse_args(argv)
         a.fn(a)
     except UsageError as e:
         _say(str(e))

@@ -5,10 +5,43 @@ from __future__ import annotations
 
 import json
 import struct
+import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 ZIP = b"PK\x03\x04"
+
+
+def wrong_path(path, what: str, suffixes: Sequence[str] = ()) -> Optional[tuple[str, str]]:
+    """Why ``path`` is not a readable file of ``what`` (a problem and a fix), or None when it is one:
+    missing, a folder (naming the files of ``suffixes`` in it, the likely meant ones), or not a
+    regular file. One wording for every place a file path comes in (loader, latents, images, workflows)."""
+    path = Path(path)
+    if path.is_file():
+        return None
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.is_file() and (not suffixes or p.suffix.lower() in suffixes))
+        hint = f" It holds {', '.join(repr(n) for n in found[:4])}{' ...' if len(found) > 4 else ''}." if found else ""
+        return (f"'{path}' is a folder, not {_a(what)}.{hint}",
+                f"give the path of the file itself{', e.g. ' + repr(str(path / found[0])) if found else ''}.")
+    if path.exists() or os.path.lexists(path):
+        kind = "a broken link" if not path.exists() else "not a regular file"
+        return f"'{path}' is {kind}, not {_a(what)}.", "give the path of a file."
+    return f"no {what} at '{path}'.", "check the path."
+
+
+def wrong_folder(path, what: str = "folder") -> Optional[tuple[str, str]]:
+    """Why ``path`` is not a folder (a problem and a fix), or None when it is one."""
+    path = Path(path)
+    if path.is_dir():
+        return None
+    if path.exists():
+        return f"'{path}' is a file, not {_a(what)}.", f"give the {what} that holds it ('{path.parent}'?)."
+    return f"no {what} at '{path}'.", "check the path."
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
 
 
 def head(path: Path, n: int = 512) -> bytes:

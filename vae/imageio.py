@@ -55,8 +55,9 @@ def read_image(path: PathLike) -> torch.Tensor:
     """An image file (or a .npy array) -> float32 tensor [H, W, 3] in 0..1. Unreadable files raise
     one InputError saying what the file is."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"no image at '{path}'.", input="image", fix="check the path.")
+    wrong = filekind.wrong_path(path, "image", (".png", ".jpg", ".jpeg", ".webp", ".npy"))
+    if wrong:
+        raise InputError(wrong[0], input="image", fix=wrong[1])
     try:
         if path.suffix.lower() == ".npy":
             return _to_float(np.load(path, allow_pickle=False), path.name)

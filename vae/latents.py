@@ -38,8 +38,9 @@ def read_latent_file(path) -> torch.Tensor:
     from .errors import LoadError
     from .safetensors_header import read_header
     path = Path(path)
-    if not path.is_file():
-        raise LoadError(f"no latent file at '{path}'.", input="latent", fix="check the path.")
+    wrong = filekind.wrong_path(path, "latent file", (".latent",))
+    if wrong:
+        raise LoadError(wrong[0], input="latent", fix=wrong[1])
     kind = filekind.describe(filekind.head(path))
     if kind and kind != "a safetensors file":
         image = kind.endswith("image")

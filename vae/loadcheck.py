@@ -7,12 +7,20 @@ that names the file, what is wrong, and what to do.
   or an odd shape anywhere; whatever it raises becomes one LoadError naming the family and the file
   (a missing key by name, other errors with the last tensor the family read).
 - ``check_weights``: the tensors the model takes must be dense floating point with data; non-finite
-  values warn, or refuse when they are too many for the VAE to be of use (see ``NONFINITE_REFUSE``)."""
+  values warn, or refuse when they are too many for the VAE to be of use (see ``NONFINITE_REFUSE``).
+- ``damaged``: a file that does not fit the model its keys describe, said per part (encoder, decoder,
+  statistics...): a part with none of its tensors is absent (an encoder-only or decoder-only file, which
+  loads); a part with some of them is damaged, and the message names what is missing. A key the family
+  reads to decide that a part exists (``decoder.conv_in.weight``) is named through its module's other
+  tensors (a ``.bias`` without its ``.weight``: ``missing_siblings``).
+- ``check_shapes``: the built model's halves, run on the meta device (shapes only), map sizes by the
+  ratios the file's configuration declares: a resampler missing from one half (whose keys alone would
+  read as a smaller valid model) is refused instead of encoding or decoding at the wrong size."""
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterator, Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
 import torch
 
@@ -45,12 +53,26 @@ def tensor_entries(obj, source: str) -> dict[str, torch.Tensor]:
 
 class Tracked(dict):
     """A state dict that remembers the last tensor read, so an error deep in a family's config code
-    can say which tensor had the unexpected shape."""
+    can say which tensor had the unexpected shape, and the keys the family looked for and did not find
+    (``absent``): where a part turns out damaged, those name what the family needed to build it."""
     last: Optional[str] = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.absent: set[str] = set()
 
     def __getitem__(self, key):
         self.last = key
         return super().__getitem__(key)
+
+    def __contains__(self, key) -> bool:
+        found = super().__contains__(key)
+        if not found and isinstance(key, str):
+            self.absent.add(key)
+        return found
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
 
 
 @contextlib.contextmanager
@@ -64,7 +86,9 @@ def family_step(family: str, source: str, sd: Optional[Tracked] = None) -> Itera
         raise
     except KeyError as e:
         key = e.args[0] if e.args else "?"
-        raise LoadError(f"{source} looks like {family} but has no tensor '{key}'.", fix=DAMAGED_FIX) from None
+        held = sum(part_of(k) == part_of(str(key)) for k in dict.keys(sd)) if sd is not None else 0
+        where = f" (its {_part_name(part_of(str(key)))} is incomplete: {held} of its tensors are here)" if held else ""
+        raise LoadError(f"{source} looks like {family} but has no tensor '{key}'{where}.", fix=DAMAGED_FIX) from None
     except Exception as e:   # noqa: BLE001 (any failure inside a family's reading code is a file problem)
         where = ""
         if sd is not None and sd.last is not None and sd.last in sd:
@@ -149,3 +173,126 @@ def check_weights(sd: Mapping[str, torch.Tensor], source: str, model_name: str,
     log.warning("VAEKit: %s (%s) has %d NaN/Inf weight value(s) in %s; outputs that depend on them will be NaN. "
                 "Fix: download the file again or use another copy.", source, model_name, sum(bad.values()),
                 detail)
+
+
+# a module's tensors that come in sets: with the first present, the others must be too
+SIBLINGS = {"bias": ("weight",), "running_mean": ("running_var",), "running_var": ("running_mean",)}
+
+
+def missing_siblings(keys: Iterable[str]) -> list[str]:
+    """Keys that a module's other tensors say are missing: a '.bias' without its '.weight' (no torch layer
+    has one), a BatchNorm's running mean without its variance or the reverse. This names the key a family
+    reads to decide that a part exists (``decoder.conv_in.weight``), whose absence otherwise reads as the
+    whole part being absent, with the part's other tensors left over as "unexpected"."""
+    keys = set(keys)
+    return sorted({f"{stem}.{need}" for k in keys for stem, _, leaf in [k.rpartition(".")]
+                   for need in SIBLINGS.get(leaf, ()) if stem and f"{stem}.{need}" not in keys})
+
+
+def part_of(key: str) -> str:
+    """The sub-model a canonical key belongs to: its first name (encoder, decoder, quant_conv, bn, ...)."""
+    return key.split(".", 1)[0]
+
+
+def _part_name(part: str) -> str:
+    return part.replace("_", " ")
+
+
+def _looked_for(absent: Iterable[str], unexpected: list[str]) -> list[str]:
+    """Of the keys a family looked for and did not find, those in the module whose other tensors are
+    left over: the family built the model without that module because the key was not there (e.g. an
+    attention whose ``qkv.weight`` is missing, so its ``out`` projection is left over)."""
+    near = []
+    for k in absent:
+        parent = k.rsplit(".", 2)[0] if k.count(".") >= 2 else ""
+        if parent and any(u.startswith(parent + ".") for u in unexpected):
+            near.append(k)
+    return near
+
+
+def damaged(source: str, family: str, keys: Iterable[str], missing: list[str],
+            unexpected: list[str] = (), reshaped: list[str] = (), absent: Iterable[str] = ()) -> Optional[LoadError]:
+    """The LoadError for a file whose parts are incomplete, or None when nothing is missing. ``keys``:
+    the file's canonical keys; ``missing``: what the model built from them lacks; ``absent``: keys the
+    family looked for in vain (``Tracked.absent``). Missing keys are named per part with how many of the
+    part's tensors the file does hold: that distinguishes a damaged part from an absent one (which is no
+    error: an encoder-only or decoder-only file). The keys whose absence made the family build the model
+    without a module (found through their module's other tensors) are named first."""
+    keys = set(keys)
+    causes = sorted(set(missing_siblings(keys)) | set(_looked_for(set(absent) - keys, list(unexpected))))
+    missing = causes + sorted(set(missing) - set(causes))
+    if not missing:
+        return None
+    by_part: dict[str, list[str]] = {}
+    for k in missing:
+        by_part.setdefault(part_of(k), []).append(k)
+    held = {p: sum(part_of(k) == p for k in keys) for p in by_part}
+    told = []
+    for p, ks in by_part.items():
+        what = f"{len(ks)} tensor(s) missing ({_names(ks)})"
+        told.append(f"its {_part_name(p)} is incomplete: {what} while {held[p]} of its tensors are here"
+                    if held[p] else what)
+    extra = [f"{len(unexpected)} left over ({_names(unexpected)})"] if unexpected else []
+    extra += [f"{len(reshaped)} with another shape ({_listing(reshaped)})"] if reshaped else []
+    return LoadError(f"{source} looks like {family} but {'; '.join(told)}"
+                     f"{' (and ' + '; '.join(extra) + ')' if extra else ''}.", fix=DAMAGED_FIX)
+
+
+def _meta_run(fn, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """``fn(x)`` on the meta device, or None where the model cannot run there (data-dependent steps)."""
+    from . import run
+    try:
+        with torch.inference_mode(), run.using(run.Run()):
+            y = fn(x)
+    except Exception:      # noqa: BLE001 - a model that cannot run on meta is simply not checked
+        return None
+    return y if torch.is_tensor(y) else None
+
+
+_SHAPES_OK: dict[str, bool] = {}      # configurations (by repr) whose halves were checked and agree
+
+
+def check_shapes(model, caps, source: str, described: str, config=None) -> None:
+    """Encode a small meta image and decode a small meta latent through the built model (shapes
+    only, no weights read): each half must keep to the ratios and channels the configuration declares.
+    Checked where a file has both halves (the configuration reads the ratios from one of them), once
+    per configuration (the model's structure is a function of it; about 0.1 s per check)."""
+    if not (caps.can_encode and caps.can_decode):
+        return
+    key = f"{type(model).__module__}.{type(model).__qualname__}:{config!r}" if config is not None else None
+    if key is not None and key in _SHAPES_OK:
+        return
+    _check_shapes(model, caps, source, described)
+    if key is not None:
+        if len(_SHAPES_OK) > 256:
+            _SHAPES_OK.clear()
+        _SHAPES_OK[key] = True
+
+
+def _check_shapes(model, caps, source: str, described: str) -> None:
+    r, t = caps.spatial_ratio, caps.temporal_ratio
+    if not all(isinstance(n, int) and n > 0 for n in (r, t or 1, caps.latent_channels, caps.image_channels)):
+        raise LoadError(f"{source} looks like {described} but its tensors give it a compression of {r!r} in space"
+                        + (f" and {t!r} in time" if t else "") + ": blocks of it are missing.", fix=DAMAGED_FIX)
+    grid = ((2,) if t else ()) + (3, 4)
+    pixels = ((1 + t * (grid[0] - 1),) if t else ()) + (grid[-2] * r, grid[-1] * r)
+    latent = (caps.latent_channels, *grid)
+    image = (caps.image_channels, *pixels)
+    problems = []
+    if hasattr(model, "encode"):
+        z = _meta_run(model.encode, torch.empty(1, *image, device="meta"))
+        if z is not None and tuple(z.shape[1:]) != latent:
+            problems.append(f"its encoder turns {_shape(image)} pixels into a {_shape(z.shape[1:])} latent")
+    if hasattr(model, "decode"):
+        y = _meta_run(model.decode, torch.empty(1, *latent, device="meta"))
+        if y is not None and tuple(y.shape[1:]) != image:
+            problems.append(f"its decoder turns a {_shape(latent)} latent into {_shape(y.shape[1:])} pixels")
+    if problems:
+        ratios = f"{r}x" + (f" in space and {t}x in time" if t else "")
+        raise LoadError(f"{source} looks like {described}, which compresses {ratios} ({_shape(image)} pixels <-> a "
+                        f"{_shape(latent)} latent), but {' and '.join(problems)}: tensors of a resampler (or another "
+                        "block) are missing, or its halves come from different VAEs.", fix=DAMAGED_FIX)
+
+
+def _shape(s) -> str:
+    return "x".join(map(str, s))

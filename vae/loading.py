@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 import torch
 from safetensors import safe_open
 
-from . import filekind, loadcheck, pickle_scan, registry, safetensors_header
+from . import checks, filekind, loadcheck, pickle_scan, registry, safetensors_header
 from .archs.tiny import DEC, ENC
 from .errors import LoadError
 from .handle import VAE
@@ -40,8 +40,11 @@ def _check_safetensors(path: Path) -> dict[str, str]:
 
 def _existing(path: PathLike) -> Path:
     path = Path(path)
-    if not path.is_file():
-        raise LoadError(f"no file at '{path}'.", fix="check the path, or put the file in ComfyUI's models/vae folder.")
+    wrong = filekind.wrong_path(path, "file", tuple(SAFETENSORS_SUFFIXES | PICKLE_SUFFIXES))
+    if wrong:
+        problem, fix = wrong
+        raise LoadError(problem, fix=fix if "folder" in problem else
+                        "check the path, or put the file in ComfyUI's models/vae folder.")
     return path
 
 
@@ -167,26 +170,33 @@ def from_state_dict(sd: Mapping[str, torch.Tensor], name_hint: Optional[str] = N
                     metadata: Optional[Mapping[str, str]] = None) -> VAE:
     """``metadata``: the file's safetensors metadata, for families whose files carry hyperparameters
     there (LTX-2's ``config``); the others read everything from the weights."""
+    dtype, device = checks.dtype(dtype), checks.device(device)        # before any work
     sd = unwrap(loadcheck.tensor_entries(sd, source))
     if not sd:
         raise LoadError(f"{source} holds no tensors.", fix="load a VAE weights file.")
     spec = registry.detect(sd, source)
     tracked = loadcheck.Tracked()
-    with loadcheck.family_step(spec.name, source, tracked):
-        tracked.update(spec.to_canonical(sd))
-        if spec.reads_metadata:
-            config = spec.config_from_state_dict(tracked, name_hint, metadata=dict(metadata or {}))
-        else:
-            config = spec.config_from_state_dict(tracked, name_hint)
-        sd = spec.complete_state_dict(dict(tracked), config)
-        spec.capabilities(config)
-        with torch.device("meta"):
-            model = spec.build(config)
-        missing, unexpected, reshaped = _compare(model, sd)
-        described = spec.describe(config) or spec.name
+    try:
+        with loadcheck.family_step(spec.name, source, tracked):
+            tracked.update(spec.to_canonical(sd))
+            if spec.reads_metadata:
+                config = spec.config_from_state_dict(tracked, name_hint, metadata=dict(metadata or {}))
+            else:
+                config = spec.config_from_state_dict(tracked, name_hint)
+            sd = spec.complete_state_dict(dict(tracked), config)
+            caps = spec.capabilities(config)
+            with torch.device("meta"):
+                model = spec.build(config)
+            missing, unexpected, reshaped = _compare(model, sd)
+            described = spec.describe(config) or spec.name
+    except LoadError as e:
+        # a family that trips over a damaged part: name what is missing where the keys tell it
+        raise loadcheck.damaged(source, spec.name, tracked or sd, []) or e from None
     if missing or unexpected or reshaped:
-        raise LoadError(f"{source} looks like {described} but does not match it: "
-                        f"{loadcheck.mismatch(missing, unexpected, reshaped)}.", fix=loadcheck.DAMAGED_FIX)
+        raise loadcheck.damaged(source, described, sd, missing, unexpected, reshaped, tracked.absent) or LoadError(
+            f"{source} looks like {described} but does not match it: "
+            f"{loadcheck.mismatch(missing, unexpected, reshaped)}.", fix=loadcheck.DAMAGED_FIX)
+    loadcheck.check_shapes(model.eval(), caps, source, described, config)
     loadcheck.check_weights(sd, source, described, expected=model.state_dict())
     with loadcheck.family_step(spec.name, source):
         model.load_state_dict(sd, strict=True, assign=True)
@@ -207,6 +217,7 @@ def _compare(model, sd) -> tuple[list[str], list[str], list[str]]:
 def load(path: PathLike, dtype: Optional[torch.dtype] = None, device=None,
          name_hint: Optional[str] = None) -> VAE:
     """Load a VAE file (or a TAESD encoder/decoder pair given by either file or the stem)."""
+    dtype, device = checks.dtype(dtype), checks.device(device)        # before the file is read
     paths = pair_paths(path)
     sd = read_vae_files(paths)
     metadata = read_metadata(paths[0]) if len(paths) == 1 else {}

@@ -51,6 +51,11 @@ def load_pack():
     """Import the repository root as the package 'vaekit', as ComfyUI imports a custom node folder."""
     if NAME in sys.modules:
         return sys.modules[NAME]
+    if not (ROOT / "__init__.py").is_file() or not (ROOT / "nodes").is_dir():
+        from .errors import InputError
+        raise InputError(f"the node pack (nodes/ beside vae/) is not in '{ROOT}': this is an installed copy of the "
+                         "library alone.", fix="install from the repository with `pip install -e .` (an editable "
+                         "install keeps using the checkout), or run `python -m vae run` in the repository.")
     install_alias()
     spec = importlib.util.spec_from_file_location(NAME, ROOT / "__init__.py", submodule_search_locations=[str(ROOT)])
     mod = importlib.util.module_from_spec(spec)

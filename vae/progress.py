@@ -3,7 +3,10 @@ exact-mode rounds): what ComfyUI's ProgressBar shows inside ComfyUI, for the com
 
 ``terminal_bar(stream)`` draws on ``stream`` only when it is a terminal (a log file or a pipe gets
 nothing); ``reporting(bar)`` makes it the bar of every call in this context that has none of its
-own (the headless runner's nodes ask ``current()``)."""
+own (the headless runner's nodes ask ``current()``).
+
+What the bar counts is what the engines report: tiles x time chunks, in fast and exact mode alike
+(exact mode weights them by work); ``done`` may be fractional (part of a tile)."""
 from __future__ import annotations
 
 import contextlib
@@ -40,7 +43,7 @@ class TerminalBar:
         share = done / total if total else 0.0
         eta = f", ETA {elapsed / share - elapsed:.1f} s" if 0 < share < 1 else ""
         filled = int(self.width * share)
-        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done:>4}/{total} {self.label}  "
+        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {_count(done):>4}/{_count(total)} {self.label}  "
                           f"{elapsed:.1f} s{eta}   ")
         self.open = not finished
         if finished:
@@ -53,6 +56,10 @@ class TerminalBar:
             self.stream.write("\n")
             self.stream.flush()
             self.open = False
+
+
+def _count(n) -> str:
+    return str(int(n)) if float(n).is_integer() else f"{n:.1f}"
 
 
 def terminal_bar(stream: TextIO, quiet: bool = False, **kw) -> Optional[TerminalBar]:

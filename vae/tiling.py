@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from . import checks, distributed
+from .errors import VAEKitError
 
 Progress = Callable[[int, int], None]
 
@@ -191,7 +192,7 @@ def _blend(fn, x, plans, in_scale, out_scale, out_channels, out, weights, kept, 
         y = fn(src)
         expect = (*lead, out_channels, *(_span(s, 0, b - a)[1] for (a, b), s in zip(spans, out_scale)))
         if tuple(y.shape) != expect:
-            raise RuntimeError(f"tile function returned {tuple(y.shape)}, expected {expect}")
+            raise _misfit(src.shape, y.shape, expect)
         dst_spans = [kept[d][i] for d, i in enumerate(idx)]
         # drop what a causal tile rebuilt from a single frame (its first output element)
         y = y[(..., *(slice(y.shape[y.dim() - k + d] - (b - a), None) for d, (a, b) in enumerate(dst_spans)))]
@@ -203,6 +204,16 @@ def _blend(fn, x, plans, in_scale, out_scale, out_channels, out, weights, kept, 
         del y, src
         if progress:
             progress(done, total)
+
+
+def _misfit(src, got, expect) -> VAEKitError:
+    """A model whose output for a tile is not the size the plan gives it (no family here does that for
+    any tile the planner cuts: tests/vae/test_input_checks.py fuzzes them; this is the net under a new
+    one): the call is refused with a way out rather than an error from inside the engine."""
+    return VAEKitError(f"a tile of {tuple(src)} gave an output of {tuple(got)} where the plan expects {tuple(expect)}: "
+                       "this model does not take tiles of this size.", input="tile",
+                       fix="run untiled (tile 0) or with another tile size and overlap, and please report the VAE's "
+                           "family with these sizes.")
 
 
 def core_spans(length: int, tile: int) -> list[tuple[int, int]]:

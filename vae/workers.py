@@ -37,14 +37,30 @@ _HEADER_BYTES = 8192
 _ROOT = Path(__file__).resolve().parents[1]
 
 
+class DevicesAbsent(VAEKitError):
+    """A well-formed device list naming devices this machine does not have (a workflow from another
+    machine): the nodes run on one device instead and say why."""
+
+
+POOL_TYPES = ("cuda", "cpu")           # the pool's process groups: NCCL on CUDA devices, gloo on CPUs
+
+
 def parse_devices(text: str) -> list[torch.device]:
-    """'cuda:0,cuda:1' or 'cpu,cpu' -> devices, checked against what this machine has."""
+    """'cuda:0,cuda:1' or 'cpu,cpu' -> devices, checked against what this machine has (a list naming
+    devices it does not have: ``DevicesAbsent``)."""
+    if not isinstance(text, str):
+        raise VAEKitError(f"the device list is a {type(text).__name__}, not text.", input="devices",
+                          fix="write devices as torch names separated by commas, e.g. 'cuda:0,cuda:1' or 'cpu,cpu'.")
     names = [t.strip() for t in text.split(",") if t.strip()]
     try:
         devices = [torch.device(n) for n in names]
     except RuntimeError as e:
         raise VAEKitError(f"cannot read the device list {text!r}: {e}.", input="devices",
                           fix="write devices as torch names separated by commas, e.g. 'cuda:0,cuda:1' or 'cpu,cpu'.")
+    other = sorted({d.type for d in devices} - set(POOL_TYPES))
+    if other:
+        raise VAEKitError(f"{text!r} names {', '.join(other)} devices; worker pools run on CUDA devices or CPUs.",
+                          input="devices", fix="name CUDA devices ('cuda:0,cuda:1') or CPUs ('cpu,cpu').")
     if len(devices) < 2:
         raise VAEKitError(f"{text!r} names {len(devices)} device(s); a pool needs two or more.", input="devices",
                           fix="list every device of the call, this process's first, e.g. 'cuda:0,cuda:1'.")
@@ -54,7 +70,7 @@ def parse_devices(text: str) -> list[torch.device]:
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         missing = [str(d) for d in devices if (d.index or 0) >= have]
         if missing:
-            raise VAEKitError(f"{', '.join(missing)} not found: this machine has {have} CUDA device(s).",
+            raise DevicesAbsent(f"{', '.join(missing)} not found: this machine has {have} CUDA device(s).",
                               input="devices", fix=f"name devices cuda:0 .. cuda:{max(have - 1, 0)}, or leave "
                                                    "'devices' empty to use one device.")
     return devices

@@ -160,7 +160,7 @@ def test_exact_mode_on_a_core_vae_we_cannot_convert_says_so(pack, caplog):
     assert "exact tiles need a VAE VAEKit implements" in caplog.text and "blended (fast) tiles" in caplog.text
     (fast,) = dec.decode(z, core, tile_size=64, overlap=16, mode="fast")
     assert torch.equal(out, fast)
-    with pytest.raises(Exception, match=r"input 'mode': unknown tiling mode"):
+    with pytest.raises(Exception, match=r"input 'mode': 'best' is not one of its choices"):
         dec.decode(z, core, tile_size=64, overlap=16, mode="best")
 
 

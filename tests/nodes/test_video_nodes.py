@@ -22,11 +22,11 @@ def video(pack):
 
 def test_tiled_decode_gives_frames_like_core(pack, video, headless):
     dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
-    z = torch.randn(2, 4, 5, 6, 5)
-    (images,) = dec.decode({"samples": z}, video, tile_size=32, overlap=16, temporal_size=8, temporal_overlap=4)
-    assert images.shape == (2 * 17, 48, 40, 3)
+    z = torch.randn(2, 4, 5, 12, 10)
+    (images,) = dec.decode({"samples": z}, video, tile_size=64, overlap=16, temporal_size=8, temporal_overlap=4)
+    assert images.shape == (2 * 17, 96, 80, 3)
     full = video.handle.decode(z)                                    # [B, 3, T, H, W]
-    assert torch.allclose(images, full.permute(0, 2, 3, 4, 1).reshape(-1, 48, 40, 3), atol=1e-6)
+    assert torch.allclose(images, full.permute(0, 2, 3, 4, 1).reshape(-1, 96, 80, 3), atol=1e-6)
     (core_images,) = headless.VAEDecode().decode({"samples": z}, video)
     assert torch.equal(core_images, headless.VAEDecode().decode({"samples": z}, video)[0])
     assert torch.allclose(core_images, images, atol=1e-6)

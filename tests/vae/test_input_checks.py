@@ -115,3 +115,60 @@ def test_frame_tile_arguments(video):
     z = torch.zeros(1, 4, 3, 2, 2)
     assert "input 'tile_frames': -8 frames is negative" in _error(lambda: video.decode(z, tile_frames=-8))
     assert "input 'overlap_frames'" in _error(lambda: video.decode(z, tile_frames=8, overlap_frames=-1))
+
+
+# ---- tile inputs: every combination runs or is refused with a fix, never an engine-internal error ----
+
+def _tile_grid(caps, video: bool, n: int = 10):
+    """A deterministic sample of small values (the default run; every combination: ``n=None``)."""
+    import random
+    r = caps.spatial_ratio_packed
+    tiles = (0, 2 * r, 2 * r + 3, 3 * r, (2 * r, 3 * r))                # at least two latent pixels a tile
+    overlaps = (None, 0, 1, r, 3 * r, 64)
+    frames = ((None, None), (1, 0), (caps.temporal_ratio, None), (2 * caps.temporal_ratio + 1, 1),
+              (3, caps.temporal_ratio)) if video else ((None, None),)
+    every = [(t, o, tf, of) for t in tiles for o in overlaps for tf, of in frames]
+    return every if n is None else random.Random(0).sample(every, min(n, len(every)))
+
+
+@pytest.mark.parametrize("family, full", [(f, False) for f in ("kl", "tiny", "flux2", "wan", "ltx2")] +
+                         [pytest.param(f, True, marks=pytest.mark.slow) for f in ("kl", "tiny", "flux2", "consistency",
+                                                                                   "wan", "ltx2", "hunyuan_video15")])
+def test_tile_combinations_run_or_are_refused_with_a_fix(family, full):
+    """Small tile/overlap/tile_frames/overlap_frames values, fast and exact, decode and encode: the
+    result has the untiled shape, or the error is the library's with a fix (tests/fuzz_cases.py holds
+    the families' tiny state dicts)."""
+    from fuzz_cases import families
+    v = vae.from_state_dict(families()[family]())
+    c, video = v.caps, v.is_video
+    grid = (3, 2, 3) if video else (4, 5)
+    z = torch.randn(1, c.latent_channels_packed, *grid)
+    r = c.spatial_ratio_packed
+    x = torch.rand(1, 3, *(((1 + c.temporal_ratio * (grid[0] - 1),) if video else ()) + (grid[-2] * r, grid[-1] * r)))
+    shapes = {"decode": tuple(v.decode(z).shape), "encode": tuple(v.encode(x).shape)}
+    bad = []
+    for i, (tile, overlap, tf, of) in enumerate(_tile_grid(c, video, None if full else 5 if video else 10)):
+        mode = ("fast", "exact")[i % 2]
+        for op, inp in (("decode", z), ("encode", x)):
+            try:
+                out = getattr(v, op)(inp, tile=tile, overlap=overlap, tile_frames=tf, overlap_frames=of, mode=mode)
+            except vae.VAEKitError as e:
+                if "Fix:" not in str(e) or "this model does not take tiles of this size" in str(e):  # the net
+                    bad.append((op, mode, tile, overlap, tf, of, str(e)))
+                continue
+            except Exception as e:      # noqa: BLE001 - the point: nothing else may escape
+                bad.append((op, mode, tile, overlap, tf, of, f"{type(e).__name__}: {e}"))
+                continue
+            if tuple(out.shape) != shapes[op]:
+                bad.append((op, mode, tile, overlap, tf, of, f"shape {tuple(out.shape)}"))
+    assert bad == []
+
+
+def test_a_model_that_misfits_a_tile_is_refused_with_a_way_out():
+    """The net under the planner: a tile function whose output is not the planned size (none of ours,
+    see above) ends in the library's error with a fix, not in an error from inside the engine."""
+    from vae import tiling
+    plans = tiling.plan_grid((8, 8), 32, 8, 8)
+    with pytest.raises(vae.VAEKitError) as e:
+        tiling.run_tiled(lambda t: torch.zeros(1, 3, 7, 7), torch.zeros(1, 4, 8, 8), plans, (1, 1), (8, 8), 3)
+    assert "this model does not take tiles of this size" in str(e.value) and "Fix: run untiled (tile 0)" in str(e.value)

@@ -92,7 +92,8 @@ def test_missing_key_is_named_with_the_family(state_dicts):
     sd = dict(state_dicts["kl"])
     del sd["encoder.conv_out.weight"]
     msg = _message(lambda: vae.from_state_dict(sd, source="'sd.safetensors'"))
-    assert "'sd.safetensors' looks like AutoencoderKL but has no tensor 'encoder.conv_out.weight'" in msg
+    assert ("'sd.safetensors' looks like AutoencoderKL but its encoder is incomplete: 1 tensor(s) missing "
+            "('encoder.conv_out.weight') while 51 of its tensors are here") in msg
 
 
 def test_odd_shape_names_the_tensor_it_tripped_on(state_dicts):
@@ -197,3 +198,120 @@ def test_formats_under_the_other_extension_get_a_rename(state_dicts, tmp_path):
     torch.save(state_dicts["tiny"], tmp_path / "b.pth")
     (tmp_path / "b.safetensors").write_bytes((tmp_path / "b.pth").read_bytes())
     assert "is not a safetensors file: it is a zip archive" in _message(lambda: vae.load(tmp_path / "b.safetensors"))
+
+
+# ---- a part absent (a half-file: loads) vs a part damaged (refused, naming what is missing) ------
+
+def _canonical(sd):
+    return {k: v.clone() for k, v in vae.from_state_dict(sd).state_dict().items()}
+
+
+def _sample(sd, seed: int) -> list[str]:
+    """Per part (first name of the key), its first weight (what a family reads to decide the part is
+    there) and one other key, deterministically."""
+    import random
+    from fuzz_cases import _parts
+    rng, keys = random.Random(seed), []
+    for part in _parts(sd).values():
+        first = next((k for k in part if k.endswith(".weight")), part[0])
+        keys += [first] + rng.sample([k for k in part if k != first], min(1, len(part) - 1))
+    return keys
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_damaged_part_names_what_is_missing(family, state_dicts):
+    """One key dropped from the canonical layout: a LoadError naming it. A module whose only tensor it
+    was (a bias-less conv) is gone whole, and the keys then read as another structure: that is refused
+    too, saying which part is incomplete. A counter the model fills in (BatchNorm's) may be absent."""
+    sd = _canonical(state_dicts[family])
+    bad = []
+    for key in _sample(sd, FAMILIES.index(family)):
+        case = {k: v for k, v in sd.items() if k != key}
+        try:
+            vae.from_state_dict(case)
+        except vae.LoadError as e:
+            stem = key.rsplit(".", 1)[0]
+            alone = not any(k.startswith(stem + ".") for k in case)
+            if key not in str(e) and not (alone and "is incomplete" in str(e)):
+                bad.append(f"{key}: {e}")
+            continue
+        if not key.endswith("num_batches_tracked"):
+            bad.append(f"{key}: loaded")
+    assert bad == []
+
+
+def test_the_message_counts_what_is_here(state_dicts):
+    sd = _canonical(state_dicts["hunyuan_video15"])
+    del sd["decoder.conv_in.weight"]           # what the family reads to decide there is a decoder
+    msg = _message(lambda: vae.from_state_dict(sd, source="'hv.safetensors'"))
+    held = sum(k.startswith("decoder.") for k in sd)
+    assert (f"'hv.safetensors' looks like HunyuanVideo 1.5 VAE (32 latent channels, encoder only) but its decoder is "
+            f"incomplete: 1 tensor(s) missing ('decoder.conv_in.weight') while {held} of its tensors are here") in msg
+
+
+@pytest.mark.parametrize("family, part, can", [("kl", "decoder", "can_encode"), ("wan", "encoder", "can_decode"),
+                                               ("mochi", "decoder", "can_encode"),
+                                               ("hunyuan_video15", "encoder", "can_decode")])
+def test_an_absent_half_loads_as_a_half_file(family, part, can, state_dicts):
+    for sd in (state_dicts[family], _canonical(state_dicts[family])):
+        half = {k: v for k, v in sd.items() if not k.startswith(part + ".") and not k.startswith(
+            "post_quant_conv." if part == "decoder" else "quant_conv.")}
+        v = vae.from_state_dict(half)
+        assert getattr(v.caps, can) and not getattr(v.caps, "can_decode" if part == "decoder" else "can_encode")
+
+
+def test_a_mochi_half_without_its_first_tensors_is_not_read_as_absent(state_dicts):
+    """genmo's layout: the decoder's first conv missing used to load the encoder alone, silently."""
+    sd = _canonical(state_dicts["mochi"])
+    del sd["decoder.blocks.0.0.weight"]
+    assert "'decoder.blocks.0.0.weight'" in _message(lambda: vae.from_state_dict(sd))
+
+
+@pytest.mark.parametrize("family, drop", [
+    ("hunyuan_video", "encoder.down.0.downsample."),       # a resampler (weight and bias) out of one half
+    ("hunyuan_video15", "decoder.up.4.upsample."),
+])
+def test_halves_that_compress_differently_are_refused(family, drop, state_dicts):
+    sd = {k: v for k, v in _canonical(state_dicts[family]).items() if not k.startswith(drop)}
+    msg = _message(lambda: vae.from_state_dict(sd))
+    assert "which compresses" in msg and "tensors of a resampler (or another block) are missing" in msg
+
+
+def test_an_optional_encoder_without_its_levels(state_dicts):
+    """The Consistency Decoder's optional KL encoder, its down levels gone: it used to encode at 1x."""
+    sd = {k: v for k, v in state_dicts["consistency"].items() if not k.startswith("encoder.down_blocks.")}
+    assert "has no tensor 'encoder.down.0.block.0.conv1.weight' (its encoder is incomplete" in \
+        _message(lambda: vae.from_state_dict(sd))
+
+
+def test_ltx_statistics_without_the_two_it_reads(state_dicts):
+    """The original layout keeps five statistics; the VAE reads two. Some without those two is damage
+    (none at all: a file without statistics, which loads)."""
+    from ltx_common import original_layout
+    sd = original_layout(_canonical(state_dicts["ltx"]))
+    assert len([k for k in sd if k.startswith("per_channel_statistics.")]) == 5
+    del sd["per_channel_statistics.std-of-means"]
+    assert "has no tensor 'per_channel_statistics.std-of-means'" in _message(lambda: vae.from_state_dict(sd))
+    vae.from_state_dict({k: v for k, v in sd.items() if not k.startswith("per_channel_statistics.")})
+
+
+def test_a_damaged_file_of_a_taesd_pair(state_dicts, tmp_path):
+    from vae.archs.tiny import DEC, ENC
+    sd = _canonical(state_dicts["tiny"])
+    enc = {k[len(ENC) + 1:]: v for k, v in sd.items() if k.startswith(ENC + ".")}
+    dec = {k[len(DEC) + 1:]: v for k, v in sd.items() if k.startswith(DEC + ".")}
+    torch.save(enc, tmp_path / "taesd_encoder.pth")
+    del dec["1.bias"], dec["3.conv.2.weight"]
+    torch.save(dec, tmp_path / "taesd_decoder.pth")
+    msg = _message(lambda: vae.load(tmp_path / "taesd"))
+    assert "taesd decoder is incomplete: 2 tensor(s) missing (" in msg and "47 of its tensors are here" in msg
+    assert "'taesd_decoder.1.bias'" in msg and "'taesd_decoder.3.conv.2.weight'" in msg
+    (tmp_path / "taesd_decoder.pth").unlink()                       # the encoder alone: a half-file
+    assert vae.load(tmp_path / "taesd").caps.can_encode
+
+
+def test_a_folder_where_the_file_should_be(tmp_path):
+    (tmp_path / "vae.safetensors").mkdir()
+    (tmp_path / "vae.safetensors" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+    msg = _message(lambda: vae.load(tmp_path / "vae.safetensors"))
+    assert "is a folder, not a file. It holds 'diffusion_pytorch_model.safetensors'" in msg and "no file at" not in msg

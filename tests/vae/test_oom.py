@@ -111,6 +111,6 @@ def test_the_comfyui_path_tells_the_memory_manager(pack, loaded, monkeypatch):
     monkeypatch.setattr(_comfy, "model_management", lambda: mm)
     monkeypatch.setitem(_comfy._patchers, handle.model, object())
     dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
-    z = torch.randn(1, 16, 3, 8, 8)
-    dec.decode({"samples": z}, VAEKitVAE(handle), tile_size=32, overlap=8, temporal_size=64, temporal_overlap=8)
-    assert calls[-1]["memory_required"] == handle.memory_needed(z.shape, tile=32, overlap=8, tile_frames=4, mode="exact") > 0
+    z = torch.randn(1, 16, 3, 12, 12)          # 96 px: tiled by the widget's smallest tile
+    dec.decode({"samples": z}, VAEKitVAE(handle), tile_size=64, overlap=8, temporal_size=64, temporal_overlap=8)
+    assert calls[-1]["memory_required"] == handle.memory_needed(z.shape, tile=64, overlap=8, tile_frames=4, mode="exact") > 0

@@ -125,8 +125,9 @@ def test_validation_catches_bad_workflows(pack, comfy_dirs):
     bad["3"]["inputs"].pop("vae")                         # missing input
     bad["1"]["inputs"]["dtype"] = "fp8"                   # not a choice
     errors = "\n".join(validate_prompt(bad))
-    for expect in ("smaller than min 64", "type mismatch: IMAGE into LATENT", "required input 'vae' missing",
-                   "'fp8' not in"):
+    for expect in ("tile_size: 16 is below its minimum, 64. Fix: use a value from 64 to 4096",
+                   "type mismatch: IMAGE into LATENT", "required input 'vae' missing",
+                   "dtype: 'fp8' is not one of its choices. Fix: choose one of 'auto', 'fp32', 'bf16', 'fp16'"):
         assert expect in errors
 
 

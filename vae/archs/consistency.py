@@ -227,8 +227,8 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None) -> ConsistencyCo
         raise LoadError("the consistency decoder's UNet is missing or incomplete in this file.",
                         fix="load the whole ConsistencyDecoderVAE (or OpenAI's decoder) state dict.")
     if UNET + "time_proj.weight" not in sd:
-        raise LoadError("the decoder's timestep table (OpenAI: `embed_time.emb.weight`, which OpenAI's "
-                        "decoder.pt keeps outside its state dict) is missing.",
+        raise LoadError(f"the decoder's timestep table ('{UNET}time_proj.weight'; OpenAI: `embed_time.emb.weight`, "
+                        "which OpenAI's decoder.pt keeps outside its state dict) is missing.",
                         fix="add that tensor to the file, or load diffusers' ConsistencyDecoderVAE weights.")
     steps = u("time_proj.weight").shape[0]
     cfg = ConsistencyConfig(

@@ -95,17 +95,26 @@ def detect(sd) -> bool:
     return False
 
 
+def _levels(keys, prefix: str) -> int:
+    """Resolution levels under ``prefix``; none (conv_in and conv_out with nothing between) means the
+    levels' tensors are missing: named as the first one the model would read."""
+    n = count_indices(keys, prefix)
+    if not n:
+        raise KeyError(f"{prefix}.0.block.0.conv1.weight")
+    return n
+
+
 def config_from_state_dict(sd, name_hint: Optional[str] = None) -> KLConfig:
     keys = sd.keys()
     has_enc, has_dec = "encoder.conv_in.weight" in sd, "decoder.conv_in.weight" in sd
     side = "encoder" if has_enc else "decoder"
     dec_widths = dec_res = None
     if has_dec:     # read on its own: a decoder may be narrower than its encoder
-        levels = count_indices(keys, "decoder.up")
+        levels = _levels(keys, "decoder.up")
         dec_widths = tuple(sd[f"decoder.up.{i}.block.0.conv2.weight"].shape[0] for i in range(levels))
         dec_res = count_indices(keys, "decoder.up.0.block") - 1
     if has_enc:
-        levels = count_indices(keys, "encoder.down")
+        levels = _levels(keys, "encoder.down")
         ch = sd["encoder.conv_in.weight"].shape[0]
         widths = tuple(sd[f"encoder.down.{i}.block.0.conv1.weight"].shape[0] for i in range(levels))
         n_res = count_indices(keys, "encoder.down.0.block")

@@ -97,7 +97,11 @@ def to_canonical(sd: Mapping[str, torch.Tensor]) -> dict:
         if _is_diffusers(sd.keys()):
             sd = _from_diffusers(sd)
         sd = rename(sd, [(r"\.conv\.(weight|bias)$", r".\1"), (r"\.norm3\.norm\.", ".norm3.")])
-    # the original also stores mean-of-stds, channel, ...: statistics the VAE never reads
+    # the original also stores mean-of-stds, channel, ...: statistics the VAE never reads. Some of them
+    # without the two it reads is a damaged file (none of them: a file without statistics)
+    if any(k.startswith(STATS) for k in sd):
+        for key in (MEAN, STD):
+            sd[key]        # noqa: B018 - a KeyError names the missing one
     return {k: v for k, v in sd.items() if not k.startswith(STATS) or k in (MEAN, STD)}
 
 

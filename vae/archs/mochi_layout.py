@@ -96,7 +96,7 @@ def to_canonical(sd) -> dict:
     sd = dict(sd)
     if _is_diffusers(sd):
         return _from_diffusers(sd)
-    out = {}
+    out, placed = {}, set()
     for pre in _PREFIXES:
         side = _bare_side(sd, pre)
         if side is None:
@@ -105,7 +105,11 @@ def to_canonical(sd) -> dict:
         for k, v in sd.items():
             if k.startswith(pre) and not (pre == "" and k.startswith(("encoder.", "decoder."))):
                 out[f"{side}.{k[len(pre):]}"] = v
-    return out or sd
+                placed.add(k)
+    # keys of a half whose first tensors are missing stay as they are: the loader then names what is
+    # missing, instead of loading the other half alone
+    out.update({k: v for k, v in sd.items() if k not in placed})
+    return out
 
 
 def _resblocks(keys, prefix: str) -> int:

@@ -194,7 +194,7 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None) -> TinyConfig:
         out_ch = sd[f"{ENC}.0.weight"].shape[1]
     space = _latent_space(name_hint, latent, gn)
     scale, shift, pack = LATENT_SPACES.get(space, (1.0, 0.0, 1))
-    if "vae_scale" in sd:     # ComfyUI's combined file states its own scaling
+    if "vae_scale" in sd or "vae_shift" in sd:     # ComfyUI's combined file states its own scaling (both)
         scale, shift = float(sd["vae_scale"]), float(sd["vae_shift"])
     return TinyConfig(latent_channels=latent, encoder_stages=enc, decoder_stages=dec, midblock_gn=gn,
                       image_channels=out_ch, scale=scale, shift=shift, pack=pack, latent_space=space)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Union
@@ -49,7 +48,8 @@ def run_demo(out_dir: Union[str, Path, None] = None, tile: int = 256, overlap: i
              image: Union[str, Path, None] = None, weights: Union[str, Path, None] = None,
              size: Optional[int] = None, verbose: bool = True) -> dict:
     """Encode + decode the sample untiled and tiled (``tile``/``overlap`` in pixels), write the
-    reconstructions to ``out_dir`` (default: a new temporary folder), print a table, return the figures.
+    reconstructions to ``out_dir`` (default: none written, nothing left behind), print a table, return
+    the figures.
 
     ``image``/``weights`` replace the shipped sample/demo VAE; ``size`` centre-crops the image to
     at most ``size`` x ``size`` pixels first (a quicker run)."""
@@ -78,12 +78,14 @@ def run_demo(out_dir: Union[str, Path, None] = None, tile: int = 256, overlap: i
     lat = vae.caps.spatial_ratio
     tiles = tiling.tile_count(tiling.plan_grid((h // lat, w // lat), tile, overlap, lat))
 
-    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="vaekit-demo-"))
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"original": out / "original.png", "untiled": out / "reconstruction_untiled.png",
-             "tiled": out / "reconstruction_tiled.png"}
-    for key, t in (("original", x), ("untiled", rec), ("tiled", rec_t)):
-        write_image(files[key], t[0].permute(1, 2, 0))
+    files = {}
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {"original": out / "original.png", "untiled": out / "reconstruction_untiled.png",
+                 "tiled": out / "reconstruction_tiled.png"}
+        for key, t in (("original", x), ("untiled", rec), ("tiled", rec_t)):
+            write_image(files[key], t[0].permute(1, 2, 0))
 
     result = {
         "model": vae.name, "image_size": (w, h), "tile": tile, "overlap": overlap, "tiles": tiles,
@@ -92,7 +94,8 @@ def run_demo(out_dir: Union[str, Path, None] = None, tile: int = 256, overlap: i
         "time_untiled_s": t_enc + t_dec, "time_tiled_s": t_enc_t + t_dec_t,
         "time_encode_s": t_enc, "time_decode_s": t_dec, "time_encode_tiled_s": t_enc_t,
         "time_decode_tiled_s": t_dec_t, "time_seam_decode_s": t_seam,
-        "peak_memory_mib": peak_memory_mib(), "out_dir": str(out), "files": {k: str(v) for k, v in files.items()},
+        "peak_memory_mib": peak_memory_mib(), "out_dir": str(out_dir) if out_dir else None,
+        "files": {k: str(v) for k, v in files.items()},
     }
     if verbose:
         print(_table(result))
@@ -116,6 +119,7 @@ def _table(r: dict) -> str:
         f"   (same latent; max abs {r['seam_max_abs']:.4f})",
         "",
         f"  peak memory (process RSS): {'n/a' if mem is None else f'{mem:.0f} MiB'}",
-        f"  reconstructions written to {r['out_dir']}",
+        f"  reconstructions written to {r['out_dir']}" if r["out_dir"] else
+        "  reconstructions not written (--output FOLDER keeps them)",
     ]
     return "\n".join(lines)
