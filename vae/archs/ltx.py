@@ -31,8 +31,8 @@ unseeded, s = 0.025), and ``decode`` conditions on ``timestep`` (0.05) times the
 ``decoder_reach`` latent frames on either side, which is what makes temporal tiles approximate.
 
 0.9.1's injected noise comes from a generator seeded from ``seed`` (diffusers draws it from the
-global RNG, ComfyUI unseeded), so decodes repeat. It is drawn at each resnet's own size, so a tiled
-decode draws different noise per tile (the noise is a small detail texture, scaled per channel)."""
+global RNG, ComfyUI unseeded), so decodes repeat. It is drawn at each resnet's own size; a tile (fast or
+exact) takes its part of the field an untiled decode draws (vae/noise.py)."""
 from __future__ import annotations
 
 import math
