@@ -154,7 +154,7 @@ def _version(encoder, decoder, timestep: bool, ltx2_file: bool) -> str:
     return "2.0" if ltx2_file else "0.9.5"
 
 
-def _vae_metadata(metadata: Optional[Mapping[str, str]]) -> tuple[dict, bool]:
+def vae_metadata(metadata: Optional[Mapping[str, str]]) -> tuple[dict, bool]:
     """The ``vae`` part of a file's ``config`` metadata ({} if none), and whether the file is an
     LTX-2 one (its config also describes the audio VAE / vocoder, or it says ``model_version`` 2.x)."""
     raw = (metadata or {}).get("config")
@@ -190,7 +190,7 @@ def _metadata_ups(vae_cfg: dict) -> Optional[list[tuple[tuple[int, int, int], bo
     return ups
 
 
-def _from_metadata(vae_cfg: dict, keys: tuple[str, ...], default, origin: str, check=None):
+def from_metadata(vae_cfg: dict, keys: tuple[str, ...], default, origin: str, check=None):
     """(value, where it came from) of the first of ``keys`` the metadata has, else ``default``."""
     for k in keys:
         if k in vae_cfg:
@@ -203,6 +203,18 @@ def _from_metadata(vae_cfg: dict, keys: tuple[str, ...], default, origin: str, c
     return default, origin
 
 
+def encoder_config(sd, spatial_pad: str = "zeros") -> LTXConfig:
+    """The encoder alone, from a file's canonical ``encoder.*`` keys: for a family that keeps an LTX-2
+    encoder beside a decoder of its own (LTX-2.5's diffusion decoder), ``spatial_pad`` from its config."""
+    encoder = _encoder(sd)
+    latent = sd[STD].shape[0] if STD in sd else sd["encoder.conv_out.weight"].shape[0] - 1
+    cfg = LTXConfig(latent_channels=latent, patch_size=math.isqrt(sd["encoder.conv_in.weight"].shape[1] // 3),
+                    encoder=encoder, encoder_out=sd["encoder.conv_out.weight"].shape[0],
+                    encoder_spatial_pad=spatial_pad, version=_version(encoder, (), False, True))
+    _check(cfg)
+    return cfg
+
+
 def config_from_state_dict(sd, name_hint: Optional[str] = None,
                            metadata: Optional[Mapping[str, str]] = None) -> LTXConfig:
     """Every shape from the weights; what they cannot tell from the file's metadata (``config`` ->
@@ -212,11 +224,11 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None,
     if not (has_enc or has_dec):
         raise LoadError("LTX VAE file with neither encoder nor decoder weights.",
                         fix="load the VAE file (or the full checkpoint) itself.")
-    vae_cfg, ltx2_file = _vae_metadata(metadata)
+    vae_cfg, ltx2_file = vae_metadata(metadata)
     if vae_cfg.get("_class_name", "CausalVideoAutoencoder") != "CausalVideoAutoencoder":
         raise LoadError(f"this LTX file's VAE is a {vae_cfg['_class_name']} (e.g. LTX-2.5's diffusion decoder), "
                         "not a convolutional autoencoder.", fix="load an LTX-Video 0.9.x / LTX-2 / LTX-2.3 VAE.")
-    _from_metadata(vae_cfg, ("norm_layer",), "pixel_norm", "", check=("pixel_norm",))
+    from_metadata(vae_cfg, ("norm_layer",), "pixel_norm", "", check=("pixel_norm",))
     timestep = "decoder.timestep_scale_multiplier" in sd
     if "timestep_conditioning" in vae_cfg and has_dec and bool(vae_cfg["timestep_conditioning"]) != timestep:
         log.warning("LTX VAE: the file's metadata says timestep_conditioning=%s but its weights %s a timestep "
@@ -247,12 +259,12 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None,
         origin = published
     it = iter(residual)
     decoder = tuple(dataclasses.replace(b, residual=next(it)) if b.kind == "up" else b for b in decoder)
-    causal, causal_origin = _from_metadata(vae_cfg, ("causal_decoder",), False, published)
+    causal, causal_origin = from_metadata(vae_cfg, ("causal_decoder",), False, published)
     # the original reads "spatial_padding_mode" for both sides, before the per-side keys
-    dec_pad, dec_origin = _from_metadata(vae_cfg, ("spatial_padding_mode", "decoder_spatial_padding_mode"),
+    dec_pad, dec_origin = from_metadata(vae_cfg, ("spatial_padding_mode", "decoder_spatial_padding_mode"),
                                          "zeros" if version == "2.3" else "reflect",
                                          published if version.startswith("2") else "ComfyUI's default", check=PADS)
-    enc_pad, enc_origin = _from_metadata(vae_cfg, ("spatial_padding_mode", "encoder_spatial_padding_mode"),
+    enc_pad, enc_origin = from_metadata(vae_cfg, ("spatial_padding_mode", "encoder_spatial_padding_mode"),
                                          "zeros", published, check=PADS)
     if has_dec:
         shown = "all" if all(residual) else "none" if not any(residual) else ",".join(map(str, residual))
