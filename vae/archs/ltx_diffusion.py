@@ -484,6 +484,18 @@ def _check(cfg: DiffusionConfig, pixels: int) -> None:
                         fix="please report the file.")
 
 
+def temporal_reach(cfg: DiffusionConfig) -> float:
+    """How many latent frames on either side of its own can change an output frame away from the clip's
+    ends: each block's window reaches k_t // 2 frames at its stage's frame rate (published: 17.5; the
+    windows shift inward at the ends, reaching further there). Temporal tiles are exact only for
+    frames farther than this from a tile edge."""
+    rate, reach = 1, 0.0
+    for s in cfg.stages:
+        reach += s.depth * (s.kernel[0] // 2) / rate
+        rate *= s.stride[0]
+    return reach + cfg.depth * (cfg.kernel[0] // 2) / rate
+
+
 def complete_state_dict(sd: dict, cfg: DiffusionConfig) -> dict:
     """Files without statistics (diffusers keeps them with the pipeline's VAE) get the identity."""
     if MEAN not in sd and STD not in sd:

@@ -117,6 +117,7 @@ class _Masks:
 _MASKS = _Masks()
 
 
+@torch.compiler.disable     # planning in Python, then batched calls: compiled graphs call it eagerly
 def neighborhood_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: Sequence[int],
                            out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of each query to its (T, H, W) neighbourhood. ``q``, ``k``, ``v``: [B, T, H, W, heads,
