@@ -11,7 +11,8 @@ ComfyUI reads it with ``comfy.sd.VAE(sd, metadata)``, ours with ``vae.load``. CP
 
 Parity (default): decode one latent frame and a clip, encode one frame and a clip; max / mean abs
 difference on 0..1 pixels (decode) and latents (encode). Both draw the decode's noise from a CPU
-generator seeded 0 (ComfyUI's VAE Decode; ours ``seed=0``). Also neighbourhood attention alone: ours
+generator seeded 0 (ComfyUI's VAE Decode; ours ``seed=0``); a row shows how far seed 7 moves our clip
+decode. Also neighbourhood attention alone: ours
 (vae/nn/neighborhood.py) and the tests' brute-force stand-in for diffusers' attention
 (tests/ltx_diffusion_common.py) against ComfyUI's ``comfy_kitchen.na3d`` on the same q/k/v.
 
@@ -143,6 +144,10 @@ def parity(a, d: Path) -> None:
             print(f"{what:<30} {str(tuple(y.shape)) + ' / ' + str(tuple(c.shape)):<44} "
                   f"{err.max().item() if err is not None else float('nan'):>9.2e} "
                   f"{err.mean().item() if err is not None else float('nan'):>9.2e}", flush=True)
+        z = inputs["decode1"]                        # the noise matters: our clip decode at seed 7 vs 0
+        err = (ours.decode(z, seed=7) - ours.decode(z)).abs()
+        print(f"{'ours seed 7 vs seed 0 (clip)':<30} {str(tuple(z.shape)):<44} {err.max().item():>9.2e} "
+              f"{err.mean().item():>9.2e}")
         for i, (shape, kernel) in enumerate(NA_CASES):
             q, k_, v = (inputs[f"na{i}.{n}"] for n in "qkv")
             for name, fn in (("ours", neighborhood_attention), ("tests' brute force", brute_na)):
