@@ -92,6 +92,8 @@ def test_more_steps_match_diffusers(tmp_path, output):
     assert (ours.model.config.steps, ours.model.config.output) == (2, output)
     z = torch.randn(1, LATENT, 2, 3, 3)
     assert (ours.decode(z, seed=3) - _ref_decode(ref, z, 3, steps=2)).abs().max() <= 1e-4
+    with pytest.raises(InputError, match="one-step"):      # its tiles would need the previous step's halo
+        ours.decode(z, tile=64, mode="exact")
 
 
 @pytest.mark.parametrize("frames", [1, 9])
