@@ -133,7 +133,7 @@ def parity(a, d: Path) -> None:
     print(f"LTX-2.5 diffusion VAE, published config, random weights; core model {info['model']}, "
           f"missing keys {info['missing'] or 'none'}, unexpected {len(info['unexpected']) - len(unused)} "
           f"(+{len(unused)} statistics core never reads); CPU, fp32, {a.threads} threads")
-    print(f"{'case':<30} {'shape ours / core':<44} {'max abs':>9} {'mean abs':>9}")
+    print(f"{'case':<38} {'shape ours / core':<44} {'max abs':>9} {'mean abs':>9}")
     with torch.inference_mode():
         for i, (op, shape) in enumerate(CASES):
             k = f"{op}{i}"
@@ -141,19 +141,19 @@ def parity(a, d: Path) -> None:
             c = core[k]
             err = (y - c).abs() if y.shape == c.shape else None
             what = f"{op} {'latent' if op == 'decode' else 'clip'} {'x'.join(map(str, shape))}"
-            print(f"{what:<30} {str(tuple(y.shape)) + ' / ' + str(tuple(c.shape)):<44} "
+            print(f"{what:<38} {str(tuple(y.shape)) + ' / ' + str(tuple(c.shape)):<44} "
                   f"{err.max().item() if err is not None else float('nan'):>9.2e} "
                   f"{err.mean().item() if err is not None else float('nan'):>9.2e}", flush=True)
         z = inputs["decode1"]                        # the noise matters: our clip decode at seed 7 vs 0
         err = (ours.decode(z, seed=7) - ours.decode(z)).abs()
-        print(f"{'ours seed 7 vs seed 0 (clip)':<30} {str(tuple(z.shape)):<44} {err.max().item():>9.2e} "
+        print(f"{'ours seed 7 vs seed 0 (clip)':<38} {str(tuple(z.shape)):<44} {err.max().item():>9.2e} "
               f"{err.mean().item():>9.2e}")
         for i, (shape, kernel) in enumerate(NA_CASES):
             q, k_, v = (inputs[f"na{i}.{n}"] for n in "qkv")
             for name, fn in (("ours", neighborhood_attention), ("tests' brute force", brute_na)):
                 err = (fn(q, k_, v, kernel) - core[f"na{i}"]).abs()
                 what = f"na3d {name} {kernel}"
-                print(f"{what:<30} {str(shape):<44} {err.max().item():>9.2e} {err.mean().item():>9.2e}")
+                print(f"{what:<38} {str(shape):<44} {err.max().item():>9.2e} {err.mean().item():>9.2e}")
 
 
 # ---- memory and time ------------------------------------------------------------------------------
