@@ -127,12 +127,11 @@ def neighborhood_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
     batch, *dims, heads, dim = q.shape
     if out is None:
         out = torch.empty_like(v)
-    if q.device.type == "meta":
-        return out
     kernels = [min(kk, n) for kk, n in zip(kernel, dims)]
     size = block_shape(dims, kernels)
     axes = [_blocks(n, kk, b) for n, kk, b in zip(dims, kernels, size)]
     w_runs = _runs(axes[2])
+    largest = 0
     for tb in axes[0]:
         for hb in axes[1]:
             rows = (slice(tb.q, tb.q + tb.nq), slice(hb.q, hb.q + hb.nq))
@@ -140,11 +139,17 @@ def neighborhood_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
             qs, o = q[:, rows[0], rows[1]], out[:, rows[0], rows[1]]
             ks, vs = k[:, keys[0], keys[1]], v[:, keys[0], keys[1]]
             for run in w_runs:
-                mask = _MASKS((tb, hb, run[0]), q.dtype, q.device)
-                per = batch * (heads * mask.numel() + 2 * run[0].nk * tb.nk * hb.nk * heads * dim)
+                nq, nk = tb.nq * hb.nq * run[0].nq, tb.nk * hb.nk * run[0].nk
+                per = batch * heads * (nq * nk + 2 * nk * dim + 2 * nq * dim)   # scores, keys, values, q, out
                 step = max(1, BUDGET // per)
+                largest = max(largest, per * min(step, len(run)))
+                if q.device.type == "meta":
+                    continue
+                mask = _MASKS((tb, hb, run[0]), q.dtype, q.device)
                 for g0 in range(0, len(run), step):
                     _attend(qs, ks, vs, o, run[g0:g0 + step], mask)
+    if q.device.type == "meta":       # shapes only: the largest call's temporaries, for the memory tracker
+        torch.empty(largest, dtype=q.dtype, device="meta")
     return out
 
 
