@@ -24,8 +24,9 @@ _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4, "advanced"
                                 "this many frames at a time with an exact result (Wan at most 4, one latent frame, "
                                 "HunyuanVideo 1.5 at most 8, two, as their references run: more frames only cost "
                                 "memory); others blend overlapping tiles, approximately: an LTX-2 "
-                                "decoder frame depends on 22 latent frames (176 frames; LTX-2.3: 14, 112 frames) "
-                                "either way, so frames nearer a tile edge than that differ from one pass. Ignored "
+                                "decoder frame depends on 22 latent frames (176 frames; LTX-2.3: 14, 112 frames; "
+                                "LTX-2.5's diffusion decoder: about 18) either way, so frames nearer a tile edge "
+                                "than that differ from one pass. Ignored "
                                 "by image VAEs."})
 _TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4, "advanced": True,
                              "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs (at least one "
@@ -47,13 +48,16 @@ _DECODE_OPTIONS = {
     "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "advanced": True,
                      "control_after_generate": False,
                      "tooltip": "Seed of the noise a decoder draws, so a decode repeats exactly: LTX-Video 0.9.1+ "
-                                "(the noise above) and the Consistency Decoder (its sampler). Ignored by other VAEs."}),
+                                "(the noise above), LTX-2.5's diffusion decoder (its pixel noise; 0 is what ComfyUI "
+                                "draws on the CPU) and the Consistency Decoder (its sampler). Tiles take their part "
+                                "of one noise field. Ignored by other VAEs."}),
 }
 
 _MODE = (["exact", "fast"], {"default": "exact",
                     "tooltip": "exact (default): the result of an untiled pass, no seams (differences at fp32 "
                                "rounding level): tiles carry a halo as wide as the layers' reach, attention runs "
-                               "on the whole latent, GroupNorm statistics are shared; overlap is not used. Wan, "
+                               "on the whole latent (LTX-2.5's neighbourhood attention is local: its tiles carry "
+                               "the windows' reach), GroupNorm statistics are shared; overlap is not used. Wan, "
                                "Qwen-Image, HunyuanVideo 1.5 and LTX run tile after tile, each through all its "
                                "frames, so memory is one tile's however large the image or clip; VAEs with "
                                "GroupNorm (SD/Flux KL, HunyuanVideo 1.0, Mochi, Magvit) keep paused tiles on the "

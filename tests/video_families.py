@@ -8,6 +8,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
+import ltx_diffusion_common
 from helpers import jitter_norms
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ ROWS: dict[str, Row] = {
     # the published structure (5 levels), narrow
     "hunyuan_video15": Row((16, 4), lambda: _diffusers().AutoencoderKLHunyuanVideo15(
         block_out_channels=(8, 16, 32, 64, 64), layers_per_block=1)),
+    # LTX-2.5: LTX-2.3's encoder beside the diffusion decoder (4 + 1 stages), narrow, published windows
+    "ltx_diffusion": Row((32, 8), lambda: ltx_diffusion_common.reference()),
 }
 FAMILIES = tuple(ROWS)
 RATIOS = {name: row.ratios for name, row in ROWS.items()}

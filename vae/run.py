@@ -10,6 +10,8 @@ fails or is interrupted leaves nothing behind, because its state goes with its c
   stateful module's state between chunks, keyed by the module (``Streamable.recall/remember``).
 - ``Run.exact``: the exact-tiling hooks of the tile this thread runs (vae/exact.py): GroupNorm
   statistics and the ``Seam`` modules (re-cut points and whole-tensor modules) call into it.
+- ``Run.place``: where a fast tile lies in the whole map (vae/tiling.py), for noise drawn inside a
+  network (vae/noise.py): fast tiles, too, take their part of the untiled field.
 
 Compiled graphs (vae/compile.py): dynamo cannot trace ``ContextVar.get``. While no stream runs in
 the process, a graph reads no run state (``current()`` is the idle run, so nothing breaks the graph).
@@ -33,6 +35,7 @@ from torch import nn
 class Run:
     memory: Optional[dict] = None      # stream state per module; None: not streaming
     exact: Any = None                  # the exact-tiling hooks of this thread's tile (vae/exact.py)
+    place: Any = None                  # where a fast tile lies in the whole map (vae/tiling.py ``Place``)
 
 
 _IDLE = Run()
@@ -60,7 +63,7 @@ def using(run: Run) -> Iterator[Run]:
     """Install ``run`` for this thread's context until the block ends."""
     global _ACTIVE, _STATEFUL
     token = _RUN.set(run)
-    stateful = run.memory is not None or run.exact is not None
+    stateful = run.memory is not None or run.exact is not None or run.place is not None
     if stateful:
         with _ACTIVE_LOCK:
             _ACTIVE += 1

@@ -9,14 +9,17 @@ is tiled iff its latent length exceeds the tile's min size. (diffusers once comp
 stride instead, in four copies of the same code.)"""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 from . import checks, distributed
+from . import run as runstate
 from .errors import VAEKitError
 
 Progress = Callable[[int, int], None]
@@ -142,6 +145,24 @@ def axis_weights(plan: AxisPlan, scale: Scale) -> list[torch.Tensor]:
     return [(w / total[a:b]).float() for (a, b), w in zip(spans, ramps)]
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a fast tile lies in the whole map: its spans and the map's lengths (latent units, the last
+    two axes). Noise drawn inside a network (vae/noise.py) asks it, so a tile takes its part of the
+    untiled field and overlapping tiles blend the same noise."""
+    spans: tuple[tuple[int, int], ...]
+    lengths: tuple[int, ...]
+
+    def extent(self, x: torch.Tensor) -> tuple[list[int], tuple]:
+        """The whole map's size at ``x``'s layer (its last two dims), and where ``x`` lies in it."""
+        sizes, slices = [], []
+        for d, ((a, b), n) in enumerate(zip(self.spans, self.lengths)):
+            f = Fraction(x.shape[x.dim() - 2 + d], b - a)
+            sizes.append(int(n * f))
+            slices.append(slice(int(a * f), int(b * f)))
+        return sizes, (..., *slices)
+
+
 def tile_count(plans: Sequence[AxisPlan]) -> int:
     return math.prod(len(p.spans) for p in plans)
 
@@ -189,7 +210,9 @@ def _blend(fn, x, plans, in_scale, out_scale, out_channels, out, weights, kept, 
     for done, idx in enumerate(tiles, 1):
         spans = [p.spans[i] for p, i in zip(plans, idx)]
         src = x[(..., *(slice(*_span(s, a, b)) for (a, b), s in zip(spans, in_scale)))]
-        y = fn(src)
+        place = Place(tuple(spans[-2:]), tuple(p.length for p in plans[-2:]))
+        with runstate.using(dataclasses.replace(runstate.current(), place=place)):
+            y = fn(src)
         expect = (*lead, out_channels, *(_span(s, 0, b - a)[1] for (a, b), s in zip(spans, out_scale)))
         if tuple(y.shape) != expect:
             raise _misfit(src.shape, y.shape, expect)

@@ -106,7 +106,7 @@ def _sibling(name: str):
 
 def test_ltx_injected_noise_is_the_untiled_field():
     """LTX-Video 0.9.1 injects seeded noise inside its decoder: exact tiles take their part of the
-    field an untiled pass draws (fast tiles draw their own)."""
+    field an untiled pass draws (fast tiles too: they differ only by their missing context)."""
     v = vae.from_state_dict(_sibling("test_ltx")._tiny("0.9.1").state_dict())
     z = torch.randn(1, v.caps.latent_channels, 2, 5, 4)
     _assert_exact(v.decode(z, seed=3), v.decode(z, tile=64, overlap=32, seed=3),

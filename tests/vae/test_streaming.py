@@ -10,7 +10,7 @@ from helpers import module_attrs
 from video_families import FAMILIES, RATIOS
 
 EXACT_DECODE = ("mochi", "magvit", "wan", "hunyuan_video15")
-EXACT_ENCODE = ("mochi", "magvit", "ltx", "ltx2", "wan", "hunyuan_video15")
+EXACT_ENCODE = ("mochi", "magvit", "ltx", "ltx2", "wan", "hunyuan_video15", "ltx_diffusion")
 
 
 def test_declared_streaming_matches_the_issue_table(loaded):

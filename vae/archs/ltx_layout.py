@@ -38,7 +38,10 @@ def _conv_in(sd: Mapping[str, torch.Tensor]):
 
 def detect(sd: Mapping[str, torch.Tensor]) -> bool:
     """LTX-Video 0.9.x and LTX-2 video VAEs in every layout. LTX-2's audio VAE also keeps
-    ``per_channel_statistics``, but its convs are 2-D: statistics alone are not enough."""
+    ``per_channel_statistics``, but its convs are 2-D: statistics alone are not enough. LTX-2.5's
+    diffusion VAE keeps LTX-2.3's encoder beside a decoder of its own (ltx_diffusion_layout.py)."""
+    if "decoder.conv_in_x_t.weight" in sd:
+        return False
     if any(RES_BLOCKS.match(k) for k in sd):
         return True                                   # original / ComfyUI / canonical
     conv_in = _conv_in(sd)
