@@ -20,7 +20,11 @@ LTX gets random per-channel statistics so that its in-VAE latent normalisation i
 `ltx-0.9.1` compares with the latent noise mix off (noise_scale=0, both sides) and the
 injected-noise scales zeroed in the weights (ComfyUI draws both unseeded). Magvit/EasyAnimate is
 not in ComfyUI core, so there is nothing to compare it with. Wan 2.1 and 2.2 are written in Wan's
-original layout (ComfyUI's files); core loads them with its own detection. Nothing is asserted.
+original layout (ComfyUI's files); core loads them with its own detection. `qwen21`: Qwen-Image 2.1's
+VAE (an image VAE: 4-D latents, RGB images that both sides pad with opaque alpha, RGBA out), in the
+same layout with its causal convs 5-D of time size 1; only a core that has its branch in comfy/sd.py
+(upstream after 783545f6, e.g. 0.38.1: Wan 2.2's class with temporal_kernel=1) loads it, an older one
+is reported as FAILED. Nothing is asserted.
 """
 from __future__ import annotations
 
@@ -58,6 +62,8 @@ FAMILIES = {
             ("encode", (1, 64, 64), ""), ("encode", (9, 64, 64), "")], {}),
     "wan2.2": ("AutoencoderKLWan", WAN22, [("decode", (48, 1, 4, 4), ""), ("decode", (48, 3, 4, 4), ""),
                ("encode", (1, 64, 64), ""), ("encode", (9, 64, 64), "")], {}),
+    # an image VAE: decode shapes are latents [C, h, w], encode shapes images [H, W] (RGB)
+    "qwen21": ("AutoencoderKLQwenImage21", {}, [("decode", (64, 8, 8), ""), ("encode", (128, 128), "")], {}),
 }
 # ComfyUI wraps each causal conv of HunyuanVideo 1.0 in a module whose own conv is `.conv`
 HY_WRAP = re.compile(r"\.(conv_in|conv_out|conv1|conv2|nin_shortcut|downsample\.conv|upsample\.conv)\.(weight|bias)$")
@@ -98,8 +104,10 @@ def worker(a) -> None:
     v.throw_exception_if_invalid()
     keys = set(v.first_stage_model.state_dict())
     inputs = load_file(d / "inputs.safetensors")
+    # IMAGE batch [T,H,W,3] = one clip for a video VAE; [B,H,W,3] = B images for an image VAE
+    image = lambda x: x[0].movedim(0, -1) if x.dim() == 5 else x.movedim(1, -1)
     run = lambda k, x: (v.decode(x, vae_options=json.loads(a.vae_options)).movedim(-1, 1) if k.startswith("decode")
-                        else v.encode(x[0].movedim(0, -1))).contiguous()  # IMAGE batch [T,H,W,3] = one clip
+                        else v.encode(image(x))).contiguous()
     with torch.inference_mode():
         out = {k: run(k, x) for k, x in inputs.items()}
         if any(k.endswith("_x") for k in inputs):
@@ -128,9 +136,9 @@ def comfy_weights(family: str, cls: str, kwargs: dict) -> dict:
         return canonical
     if family == "hunyuan_video":
         return {HY_WRAP.sub(r".\1.conv.\2", k): v for k, v in canonical.items()}
-    if family.startswith("wan"):                 # Wan's original names, as ComfyUI's files hold them
+    if family.startswith("wan") or family == "qwen21":     # Wan's original names, as ComfyUI's files hold them
         from vae.archs.wan_layout import to_original
-        return to_original(canonical, nested=family == "wan2.2")
+        return to_original(canonical, nested=family != "wan")
     from vae.archs.ltx_layout import to_original
     return {k: torch.zeros_like(v) if "per_channel_scale" in k else v for k, v in to_original(canonical).items()}
 
@@ -183,8 +191,12 @@ def run_family(family: str, a) -> list[dict]:
             for i, (op, shape, expect) in enumerate(cases):
                 k = f"{op}{i}" + "_x" * bool(expect)
                 ours = ours_vae.decode(inputs[k], **opts) if op == "decode" else ours_vae.encode(inputs[k])
-                row = {"family": family, "op": f"{op} {'t' if op == 'decode' else 'T'}={shape[1 if op == 'decode' else 0]}",
-                       "frames": f"{ours.shape[2]} / {core[k].shape[2]}", **stats(ours, core[k])}
+                if ours.dim() == 4:                 # an image VAE: no frames
+                    row = {"family": family, "op": f"{op} {'x'.join(map(str, shape[-2:]))}", "frames": "-",
+                           **stats(ours, core[k])}
+                else:
+                    row = {"family": family, "op": f"{op} {'t' if op == 'decode' else 'T'}={shape[1 if op == 'decode' else 0]}",
+                           "frames": f"{ours.shape[2]} / {core[k].shape[2]}", **stats(ours, core[k])}
                 note = verdict(ours, core[k]) + (f" ({expect})" if expect else "") + clamped(ours) * (op == "decode")
                 if info["missing"] or info["unexpected"]:
                     note += f"; core load: {len(info['missing'])} missing {info['missing'][:3]}, {len(info['unexpected'])} unexpected"

@@ -92,7 +92,8 @@ class VAEKitTiledDecode:
             "samples": ("LATENT", {"tooltip": "The latent to decode (e.g. from a KSampler). Flux.2: the 128-channel "
                                               "LATENT core's nodes make (packed 2x2, normalised by the VAE's BatchNorm "
                                               "statistics); a 32-channel one is read as that latent unpacked (taef2's "
-                                              "space, as core's TAESD path makes it), not as diffusers' raw z."}),
+                                              "space, as core's TAESD path makes it), not as diffusers' raw z. Qwen-Image "
+                                              "2.1: the 64-channel image LATENT [N, 64, h, w]; it decodes to RGBA."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             # optional, after the older widgets: saved workflows keep their widget positions
@@ -126,10 +127,11 @@ class VAEKitTiledEncode:
         return {"required": {
             "pixels": ("IMAGE", {"tooltip": "Images [N, H, W, 3] in 0..1; sides must be multiples of the VAE's "
                                             "compression (8 for SD/Flux.1 and Wan 2.1 VAEs, 16 for Flux.2's packed "
-                                            "latents and Wan 2.2). A video VAE takes the batch as one clip, as "
+                                            "latents, Wan 2.2 and Qwen-Image 2.1). A video VAE takes the batch as one clip, as "
                                             "core's VAE Encode does: N images give 1 + (N-1)//4 latent frames for "
                                             "Wan (frames past the last whole group are dropped); one image is a "
-                                            "one-frame clip (Qwen-Image). An RGBA VAE gets RGB with opaque alpha."}),
+                                            "one-frame clip (Qwen-Image). An RGBA VAE (Qwen-Image 2.1) gets RGB with opaque "
+                                            "alpha."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             "optional": {"mode": _MODE, "devices": DEVICES, "max_memory": _BUDGET}}

@@ -47,6 +47,20 @@ def diffusers_kl(latent_channels: int = 4, quant: bool = True, widths=(32, 64), 
     return jitter_norms(m).eval()
 
 
+def diffusers_qwen21(published: bool = False, **over):
+    """Qwen-Image 2.1's VAE (diffusers' defaults are the published config: 5 levels, z 64, RGBA), narrow
+    unless ``published``; RMS gammas off 1 so that parity checks them too."""
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    m = diffusers.AutoencoderKLQwenImage21(**({} if published else dict(base_dim=8, decoder_base_dim=12)), **over)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("gamma"):
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+    return m.eval()
+
+
 def diffusers_tiny(latent_channels: int = 4, width: int = 16):
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)

@@ -1,7 +1,8 @@
-"""Read and write RGB images as float tensors [H, W, 3] in 0..1.
+"""Read and write RGB images as float tensors [H, W, 3] in 0..1 (written also RGBA [H, W, 4]: what
+RGBA VAEs decode).
 
 Pillow is used when it is importable. Without it, PNG still works through a small built-in codec:
-the writer emits 8-bit RGB with filter type 0 (None) on every row; the reader takes 8-bit RGB/RGBA,
+the writer emits 8-bit RGB(A) with filter type 0 (None) on every row; the reader takes 8-bit RGB/RGBA,
 non-interlaced files whose rows use filter types 0 (None), 1 (Sub) or 2 (Up), which covers what
 the writer makes. ``.npy`` arrays [H, W, 3] (float in 0..1, or uint8) need only numpy."""
 from __future__ import annotations
@@ -42,10 +43,11 @@ def _to_float(a: np.ndarray, name: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
-def _to_uint8(image: torch.Tensor) -> np.ndarray:
+def _to_uint8(image: torch.Tensor, channels: tuple[int, ...] = (3,)) -> np.ndarray:
     image = torch.as_tensor(image).detach()
-    if image.dim() != 3 or image.shape[2] != 3:
-        raise ValueError(f"expected an image tensor [H, W, 3], got shape {tuple(image.shape)}.")
+    if image.dim() != 3 or image.shape[2] not in channels:
+        want = " or ".join(f"[H, W, {c}]" for c in channels)
+        raise ValueError(f"expected an image tensor {want}, got shape {tuple(image.shape)}.")
     return (image.float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).numpy()
 
 
@@ -103,15 +105,16 @@ def read_frames(path: PathLike) -> torch.Tensor:
 
 
 def write_image(path: PathLike, image: torch.Tensor) -> None:
-    """Write a tensor [H, W, 3] in 0..1 (clamped, rounded to 8 bits for image formats)."""
+    """Write a tensor [H, W, 3] (or RGBA [H, W, 4], as RGBA VAEs decode) in 0..1 (clamped, rounded to
+    8 bits for image formats)."""
     path = Path(path)
     if path.suffix.lower() == ".npy":
         np.save(path, torch.as_tensor(image).detach().float().cpu().numpy())
         return
-    pixels = _to_uint8(image)
+    pixels = _to_uint8(image, (3, 4))
     Image = _pillow()
     if Image is not None:
-        Image.fromarray(pixels, "RGB").save(path)
+        Image.fromarray(pixels, "RGBA" if pixels.shape[2] == 4 else "RGB").save(path)
     elif path.suffix.lower() == ".png":
         write_png(path, pixels)
     else:
@@ -126,11 +129,12 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
 
 
 def write_png(path: PathLike, pixels: np.ndarray) -> None:
-    """uint8 array [H, W, 3] -> 8-bit RGB PNG, filter type 0 on every row."""
+    """uint8 array [H, W, 3] (or [H, W, 4]) -> 8-bit RGB (RGBA) PNG, filter type 0 on every row."""
     pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
-    h, w = pixels.shape[:2]
-    rows = np.concatenate([np.zeros((h, 1), np.uint8), pixels.reshape(h, w * 3)], axis=1)
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)   # 8-bit, truecolour, deflate, no interlace
+    h, w, c = pixels.shape
+    rows = np.concatenate([np.zeros((h, 1), np.uint8), pixels.reshape(h, w * c)], axis=1)
+    colour = 6 if c == 4 else 2                           # truecolour with alpha, or truecolour
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, colour, 0, 0, 0)   # 8-bit, deflate, no interlace
     data = PNG_SIGNATURE + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", zlib.compress(rows.tobytes(), 9)) \
         + _chunk(b"IEND", b"")
     Path(path).write_bytes(data)

@@ -194,11 +194,12 @@ def test_streamed_chunks_run_compiled_with_their_own_caches():
 
 def _families():
     from video_families import FAMILIES, tiny_state_dict
-    from helpers import diffusers_tiny
+    from helpers import diffusers_qwen21, diffusers_tiny
     import diffusers_flux2
     out = {"kl": lambda: tiny_kl(3), "taesd": lambda: vae.from_state_dict(diffusers_tiny().state_dict(),
                                                                          name_hint="taesd"),
-           "flux2": lambda: vae.from_state_dict(diffusers_flux2.model().state_dict())}
+           "flux2": lambda: vae.from_state_dict(diffusers_flux2.model().state_dict()),
+           "qwen21": lambda: vae.from_state_dict(diffusers_qwen21().state_dict())}
     out.update({f: (lambda f=f: vae.from_state_dict(tiny_state_dict(f))) for f in FAMILIES})
     consistency = Path(__file__).with_name("test_consistency.py")     # its tiny config, if the family is in
     if consistency.is_file():

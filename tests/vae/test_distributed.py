@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import ROOT, diffusers_kl
+from helpers import ROOT, diffusers_kl, diffusers_qwen21
 from video_families import FAMILIES, RATIOS, tiny_state_dict
 
 import vae
@@ -44,6 +44,10 @@ def _cases(d) -> tuple[list[dict], dict]:
     add("kl-decode", kl, "decode", torch.randn(1, 4, 12, 12, generator=g), tile=12)        # 3x3 tiles
     add("kl-encode", kl, "encode", torch.rand(1, 3, 24, 24, generator=g), tile=12)
     add("taesd-decode", DEMO, "decode", torch.randn(1, 8, 6, 6, generator=g), tile=24)     # 2x2 tiles
+    qwen21 = d / "qwen21.safetensors"            # the Wan family's image variant (RMS norms, mid attention)
+    save_file({k: t.contiguous() for k, t in diffusers_qwen21().state_dict().items()}, str(qwen21))
+    add("qwen21-decode", qwen21, "decode", torch.randn(1, 64, 4, 4, generator=g), tile=32)
+    add("qwen21-encode", qwen21, "encode", torch.rand(1, 3, 64, 64, generator=g), tile=32)
     # fast mode: independent tiles, each rank blends its share; the sum is the one-process result
     add("kl-decode-fast", kl, "decode", torch.randn(1, 4, 12, 12, generator=g), mode="fast", tile=12, overlap=4)
     add("taesd-encode-fast", DEMO, "encode", torch.rand(1, 3, 64, 64, generator=g), mode="fast", tile=32, overlap=8)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vae
-from helpers import diffusers_tiny
+from helpers import diffusers_qwen21, diffusers_tiny
 from vae.archs import kl, magvit
 from vae.nn.attention import SpatialSelfAttention
 from vae.qkv import fuse_qkv, unfuse_qkv
@@ -59,7 +59,8 @@ def _flux2() -> vae.VAE:
 
 FUSABLE = {"kl": (_kl, 2), "flux2": (_flux2, 2), "magvit_v5": (_magvit_v5, 2),
            "hunyuan_video": (lambda: vae.from_state_dict(tiny_state_dict("hunyuan_video")), 2),
-           "consistency": (_consistency, 1)}     # its KL encoder's mid block; the UNet has no attention
+           "consistency": (_consistency, 1),     # its KL encoder's mid block; the UNet has no attention
+           "qwen21": (lambda: vae.from_state_dict(diffusers_qwen21().state_dict()), 2)}
 
 
 @pytest.mark.parametrize("family", FUSABLE)

@@ -25,6 +25,7 @@ VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "ltx2": (16, 14,
 # image graphs whose VAE is a video family's (Qwen-Image runs on a Wan 2.1-architecture VAE)
 IMAGE_WITH_VIDEO_VAE = {"qwen_image_vae.safetensors": "wan"}
 FLUX2 = "flux2-vae.safetensors"        # a random-weight Flux.2 VAE at the published ratio (8, 16 packed), narrow
+QWEN21 = "qwen_image_2.1_vae_bf16.safetensors"   # the templates' file: ComfyUI's layout, bf16; narrow, random
 
 
 @pytest.fixture
@@ -50,6 +51,7 @@ def video_dirs(comfy_dirs):
             write_latent_file(comfy_dirs / "input" / f"{family}_sample.latent",
                               torch.randn(1, *VIDEO_LATENT[family], generator=g))
     save_file(_flux2_weights(), str(comfy_dirs / "models" / "vae" / FLUX2))
+    save_file(_qwen21_weights(), str(comfy_dirs / "models" / "vae" / QWEN21))
     return comfy_dirs
 
 
@@ -57,6 +59,14 @@ def video_dirs(comfy_dirs):
 def _flux2_weights() -> dict:
     import diffusers_flux2
     return {k: v.contiguous() for k, v in diffusers_flux2.model(widths=(32,) * 4, latent=32).state_dict().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _qwen21_weights() -> dict:
+    from helpers import diffusers_qwen21
+    from vaekit.vae.archs import wan, wan_layout
+    original = wan_layout.to_original(wan.SPEC.to_canonical(diffusers_qwen21().state_dict()), nested=True)
+    return {k: v.to(torch.bfloat16).contiguous() for k, v in original.items()}
 
 
 def test_every_api_workflow_has_a_ui_twin():
@@ -250,3 +260,34 @@ def test_qwen_image_roundtrip_runs_headless(pack, video_dirs):
     want = v.decode(z)[0, :, 0].movedim(0, -1)
     (png,) = ui["5"]["images"]
     assert (read_image(png) - want).abs().max() <= 1 / 255 + 1e-6
+
+
+def test_qwen21_roundtrip_runs_headless(pack, video_dirs):
+    """Qwen-Image 2.1's VAE (an image VAE, RGBA): Load Image (RGB) -> Tiled Encode -> Tiled Decode, both
+    exact at 256 px (2x2 tiles) -> Save Image, and core's VAE Decode of the same 4-D LATENT -> Save
+    Image: both RGBA PNGs of the library's untiled round trip (alpha padded opaque), to PNG rounding."""
+    import numpy as np
+    from PIL import Image
+
+    from vaekit import vae as lib
+    from vaekit.nodes.headless import run_prompt
+    from vaekit.vae.imageio import read_image
+    api = json.loads((WORKFLOWS / "image_qwen21_roundtrip_api.json").read_text())
+    assert api["1"]["inputs"]["vae_name"] == QWEN21
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
+        v = lib.load(video_dirs / "models" / "vae" / QWEN21)
+        x = read_image(video_dirs / "input" / "vaekit_sample.png").movedim(-1, 0)[None]    # RGB [1, 3, H, W]
+        z = v.encode(x)
+        want = v.decode(z)[0].movedim(0, -1)                                                # RGBA [H, W, 4]
+    finally:
+        torch.set_num_threads(threads)
+    assert v.name.startswith("Qwen-Image 2.1") and z.shape == (1, 64, x.shape[2] // 16, x.shape[3] // 16)
+    for node in ("5", "7"):                     # ours (exact tiles) and core's VAE Decode
+        (png,) = ui[node]["images"]
+        with Image.open(png) as im:
+            assert im.mode == "RGBA"
+            got = torch.from_numpy(np.asarray(im).astype(np.float32) / 255)
+        assert (got - want).abs().max() <= 1 / 255 + 1e-6, node

@@ -87,6 +87,8 @@ def to_canonical(sd) -> dict:
 
 
 def detect(sd) -> bool:
+    if any(k.endswith(".gamma") for k in sd):      # RMS-normed (Wan-family image VAEs), not GroupNorm
+        return False
     for side in ("decoder", "encoder"):
         w = sd.get(f"{side}.conv_in.weight")
         if w is not None and w.dim() == 4 and any(

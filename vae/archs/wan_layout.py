@@ -15,6 +15,12 @@ Layouts users have:
   (2.1) / ``upsampler`` (2.2); resnets ``norm1 conv1 norm2 conv2 conv_shortcut``.
 diffusers' converter knows 2.1 only; the 2.2 map here follows from the two module trees.
 
+Qwen-Image 2.1's VAE (``qwen_image_2.1_vae_bf16.safetensors``; diffusers ``AutoencoderKLQwenImage21``) is
+Wan 2.2's module tree with a temporal kernel of 1, 5 levels, no patches and RGBA. ComfyUI's file keeps
+Wan's 5-D causal convs with a time size of 1 (``resample.1`` and the attention 2-D); diffusers' class
+stores every conv 2-D. Both become the canonical image layout: every conv weight 2-D (time squeezed),
+every ``gamma`` ``(C, 1, 1)``; ``to_original`` writes ComfyUI's shapes back.
+
 Canonical: ``{encoder,decoder}.conv_in``, ``encoder.down.<i>.block.<j>``, ``encoder.down.<i>.downsample``,
 ``decoder.up.<i>.block.<j>``, ``decoder.up.<i>.upsample`` (level i fine to coarse, as LDM), ``mid.block_1
 attn_1 block_2``, ``norm_out``, ``conv_out``, ``quant_conv``, ``post_quant_conv``; resnets ``norm1 conv1
@@ -53,14 +59,15 @@ _NESTED = re.compile(r"^(?:downsamples|upsamples|resnets)\.(\d+)\.(.*)$|^(downsa
 
 def detect(sd: Mapping[str, torch.Tensor]) -> bool:
     """Wan's RMS ``gamma`` resnets under ``middle`` / ``downsamples`` (original, ComfyUI), the fused
-    ``to_qkv`` mid attention of 5-D-conv VAEs (diffusers), or our own canonical names."""
+    ``to_qkv`` mid attention of 5-D-conv VAEs or, with 2-D convs, of RMS-normed ones (Qwen-Image 2.1)
+    (diffusers), or our own canonical names."""
     keys = list(sd)
     if any(_ORIGINAL.match(k) for k in keys) and any(k.endswith(".gamma") for k in keys):
         return True
     if any(_DIFFUSERS.match(k) for k in keys):
         side = next(_DIFFUSERS.match(k).group(1) for k in keys if _DIFFUSERS.match(k))
         conv = sd.get(f"{side}.conv_in.weight")
-        return conv is not None and conv.dim() == 5
+        return conv is not None and (conv.dim() == 5 or any(k.endswith(".norm1.gamma") for k in keys))
     return any(_CANONICAL.match(k) for k in keys) and any(k.endswith(".norm1.gamma") for k in keys)
 
 
@@ -133,8 +140,33 @@ def _split_qkv(sd: dict) -> dict:
     return out
 
 
+def _conv_in(sd: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return sd.get("encoder.conv_in.weight", sd.get("decoder.conv_in.weight"))
+
+
+def is_image(sd: Mapping[str, torch.Tensor]) -> bool:
+    """A canonical (or renamed) state dict of an image-only variant: ``conv_in`` 2-D, or 5-D with a
+    temporal kernel of 1 (Qwen-Image 2.1)."""
+    conv = _conv_in(sd)
+    return conv is not None and (conv.dim() == 4 or (conv.dim() == 5 and conv.shape[2] == 1))
+
+
+def _squeeze_time(sd: dict) -> dict:
+    """Image variants: conv weights without their time axis of 1, gammas ``(C, 1, 1)``."""
+    if not is_image(sd):
+        return sd
+    out = {}
+    for k, v in sd.items():
+        if k.endswith(".gamma") and v.dim() == 4:
+            v = v.reshape(v.shape[0], 1, 1)
+        elif v.dim() == 5 and v.shape[2] == 1:
+            v = v.squeeze(2)
+        out[k] = v
+    return out
+
+
 def to_canonical(sd: Mapping[str, torch.Tensor]) -> dict:
-    return _split_qkv(_levels(rename(sd, _RULES)))
+    return _squeeze_time(_split_qkv(_levels(rename(sd, _RULES))))
 
 
 def _channels(n: int, what: str) -> tuple[int, int]:
@@ -151,7 +183,7 @@ def config(sd: Mapping[str, torch.Tensor], make):
     """Every hyperparameter from tensor shapes (pruned variants load); ``make`` builds the config."""
     keys = sd.keys()
     enc, dec = "encoder.conv_in.weight" in sd, "decoder.conv_in.weight" in sd
-    kw: dict = {}
+    kw: dict = {"image": is_image(sd)}
     if enc:
         n = count_indices(keys, "encoder.down")
         kw.update(enc_base=sd["encoder.conv_in.weight"].shape[0],
@@ -174,8 +206,12 @@ def config(sd: Mapping[str, torch.Tensor], make):
     if not (enc or dec):
         raise LoadError("this Wan VAE file has neither an encoder nor a decoder (no conv_in weights).",
                         fix="the file is incomplete: download it again.")
-    if not dec:
-        kw["residual"] = kw["patch"] == 2      # an encoder alone: Wan 2.2 is the one with patches
+    if not dec:     # an encoder alone: Wan 2.2 is the one with patches, Qwen-Image 2.1 the image one
+        kw["residual"] = kw["patch"] == 2 or kw["image"]
+    if kw["image"] and kw["patch"] != 1:
+        raise LoadError("this Wan-family VAE has a temporal kernel of 1 (an image VAE, as Qwen-Image 2.1's) but "
+                        "2x2 patches, a combination no published model has.",
+                        fix="the file may be damaged or another model's; please report it.")
     return make(temporal=temporal, **kw)
 
 
@@ -192,8 +228,11 @@ _LEVEL = re.compile(r"^(encoder|decoder)\.(?:down|up)\.(\d+)\.(?:block\.(\d+)|(?
 
 def to_original(sd: Mapping[str, torch.Tensor], nested: bool) -> dict:
     """Canonical -> Wan's original names, as ComfyUI's files hold them: 2.1's flat level lists, or with
-    ``nested`` 2.2's ``downsamples.<i>.downsamples.<j>``; the attention's q/k/v fused back into ``to_qkv``.
+    ``nested`` 2.2's ``downsamples.<i>.downsamples.<j>``; the attention's q/k/v fused back into ``to_qkv``;
+    an image variant's causal convs 5-D again (time size 1) and their gammas ``(C, 1, 1, 1)``, the
+    ``resample.1`` and attention convs 2-D, as Qwen-Image 2.1's file has them.
     (For files in ComfyUI's layout, e.g. to run core's own VAE on the same weights.)"""
+    image = is_image(sd)
     found = [(m[1], int(m[2]), m[3]) for k in sd if (m := _LEVEL.match(k))]
     levels = {side: 1 + max((lv for s_, lv, _ in found if s_ == side), default=-1) for side in ("encoder", "decoder")}
     blocks = {side: 1 + max((int(j) for s_, _, j in found if s_ == side and j is not None), default=-1)
@@ -212,4 +251,14 @@ def to_original(sd: Mapping[str, torch.Tensor], nested: bool) -> dict:
         head = key[: -len("q.weight" if key.endswith("weight") else "q.bias")]
         kind = key.rsplit(".", 1)[1]
         moved[f"{head}to_qkv.{kind}"] = torch.cat([moved.pop(f"{head}{n}.{kind}") for n in "qkv"])
-    return rename(moved, _BACK)
+    out = rename(moved, _BACK)
+    return {k: _as_causal(k, v) for k, v in out.items()} if image else out
+
+
+def _as_causal(key: str, v: torch.Tensor) -> torch.Tensor:
+    """An image variant's tensor in ComfyUI's shape: Wan's causal convs (and their norms) carry a time axis."""
+    if ".middle.1." in key or ".resample.1." in key:       # the attention and the spatial resampler are 2-D
+        return v
+    if key.endswith(".gamma"):
+        return v.reshape(v.shape[0], 1, 1, 1)
+    return v.unsqueeze(2) if key.endswith(".weight") and v.dim() == 4 else v
