@@ -18,8 +18,8 @@ class VAEKitLoad:
     OUTPUT_TOOLTIPS = ("The VAE; core VAE Decode/Encode nodes accept it too.",)
     FUNCTION = "load"
     DESCRIPTION = ("Loads a VAE (image: AutoencoderKL for SD1.x/SD2.x/SDXL/SD3/Flux.1, the TAESD family, the "
-                   "Consistency Decoder; video: Wan 2.1/2.2 and Qwen-Image, Mochi, LTX-Video, HunyuanVideo, "
-                   "EasyAnimate) from "
+                   "Consistency Decoder, Mage-VAE (Mage-Flow); video: Wan 2.1/2.2 and Qwen-Image, Mochi, LTX-Video, "
+                   "HunyuanVideo, EasyAnimate) from "
                    "the 'vae' or 'vae_approx' folder, in the original, ComfyUI or diffusers key layout. "
                    ".pth/.ckpt files are read without running pickled code.")
 

@@ -54,7 +54,7 @@ from torch import nn
 
 from . import distributed
 from . import run as runstate
-from .nn.norm import GroupNorm, group_moments
+from .nn.norm import STATISTICS, GroupNorm, group_moments
 from .tiling import Progress
 
 Fn = Callable[[torch.Tensor, nn.Module], torch.Tensor]     # fn(x, model): a forward of ``model``
@@ -110,7 +110,7 @@ def probe(fn: Fn, model: nn.Module, x: torch.Tensor) -> list[Event]:
         if getattr(m, "exact_whole", False):
             events.append(Event("whole", original[m], size))
             inside[0] += 1
-        elif isinstance(m, GroupNorm):
+        elif isinstance(m, STATISTICS):
             events.append(Event("stats", original[m], size))
         elif isinstance(m, nn.modules.conv._ConvNd) and any(k > 1 for k in m.kernel_size[-2:]):
             events.append(Event("conv", original[m], size))

@@ -24,6 +24,7 @@ VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "ltx2": (16, 14,
 # image graphs whose VAE is a video family's (Qwen-Image runs on a Wan 2.1-architecture VAE)
 IMAGE_WITH_VIDEO_VAE = {"qwen_image_vae.safetensors": "wan"}
 FLUX2 = "flux2-vae.safetensors"        # a random-weight Flux.2 VAE at the published ratio (8, 16 packed), narrow
+MAGE = "mage_flow_vae_bf16.safetensors"   # a random-weight Mage-VAE at the published ratio (16), narrow, bf16
 
 
 @pytest.fixture
@@ -49,6 +50,7 @@ def video_dirs(comfy_dirs):
             write_latent_file(comfy_dirs / "input" / f"{family}_sample.latent",
                               torch.randn(1, *VIDEO_LATENT[family], generator=g))
     save_file(_flux2_weights(), str(comfy_dirs / "models" / "vae" / FLUX2))
+    save_file(_mage_weights(), str(comfy_dirs / "models" / "vae" / MAGE))
     return comfy_dirs
 
 
@@ -56,6 +58,13 @@ def video_dirs(comfy_dirs):
 def _flux2_weights() -> dict:
     import diffusers_flux2
     return {k: v.contiguous() for k, v in diffusers_flux2.model(widths=(32,) * 4, latent=32).state_dict().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _mage_weights() -> dict:
+    import mage_tiny
+    sd = mage_tiny.file_layout(mage_tiny.canonical(patch=16), anchor=True)      # ComfyUI's file layout
+    return {k: v.to(torch.bfloat16) for k, v in sd.items()}
 
 
 def test_every_api_workflow_has_a_ui_twin():
@@ -211,26 +220,33 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
         assert (frames[i] - frame).abs().max() <= 1 / 255 + 1e-6      # 8-bit frames
 
 
-def test_flux2_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
-    """Load Image -> core VAE Encode (a Flux.2 reference latent: 128 channels, packed, normalised) ->
-    Tiled Decode (exact, 256 px) -> Save Image: the library's untiled round trip, to PNG rounding."""
+def _image_roundtrip(api_name: str, vae_file: str, dirs):
+    """Run an image round-trip graph headless; (the saved PNG, the VAE, the library's untiled latent and
+    round trip of the same image)."""
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
     from vaekit.vae.imageio import read_image
-    api = json.loads((WORKFLOWS / "image_flux2_roundtrip_api.json").read_text())
-    assert api["1"]["inputs"]["vae_name"] == FLUX2
+    api = json.loads((WORKFLOWS / api_name).read_text())
+    assert api["1"]["inputs"]["vae_name"] == vae_file
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
-        v = lib.load(video_dirs / "models" / "vae" / FLUX2)
-        x = read_image(video_dirs / "input" / "vaekit_sample.png").movedim(-1, 0)[None]
+        ui = run_prompt(api, input_dir=dirs / "input", output_dir=dirs / "output")
+        v = lib.load(dirs / "models" / "vae" / vae_file)
+        x = read_image(dirs / "input" / "vaekit_sample.png").movedim(-1, 0)[None]
         z = v.encode(x)
         want = v.decode(z)[0].movedim(0, -1)
     finally:
         torch.set_num_threads(threads)
-    assert v.spec.id == "flux2" and z.shape == (1, 128, x.shape[2] // 16, x.shape[3] // 16)
-    assert (read_image(ui["5"]["images"][0]) - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
+    return read_image(ui["5"]["images"][0]), v, z, want
+
+
+def test_flux2_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
+    """Load Image -> core VAE Encode (a Flux.2 reference latent: 128 channels, packed, normalised) ->
+    Tiled Decode (exact, 256 px) -> Save Image: the library's untiled round trip, to PNG rounding."""
+    png, v, z, want = _image_roundtrip("image_flux2_roundtrip_api.json", FLUX2, video_dirs)
+    assert v.spec.id == "flux2" and z.shape == (1, 128, png.shape[0] // 16, png.shape[1] // 16)
+    assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
 
 
 def test_qwen_image_roundtrip_runs_headless(pack, video_dirs):
@@ -248,3 +264,11 @@ def test_qwen_image_roundtrip_runs_headless(pack, video_dirs):
     want = v.decode(z)[0, :, 0].movedim(0, -1)
     (png,) = ui["5"]["images"]
     assert (read_image(png) - want).abs().max() <= 1 / 255 + 1e-6
+
+
+def test_mage_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
+    """Load Image -> Tiled Encode -> Tiled Decode (both exact, 256 px: tiles cut the image's attention
+    windows and its pooled gates) -> Save Image: the library's untiled round trip, to PNG rounding."""
+    png, v, z, want = _image_roundtrip("image_mage_roundtrip_api.json", MAGE, video_dirs)
+    assert v.spec.id == "mage" and z.shape == (1, 16, png.shape[0] // 16, png.shape[1] // 16)
+    assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
