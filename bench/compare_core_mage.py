@@ -173,11 +173,11 @@ def bench(a, d: Path) -> None:
 
 def row(name: str, ours: torch.Tensor, core: torch.Tensor, decode: bool) -> str:
     if ours.shape != core.shape:
-        return f"{name:<40} SHAPE {tuple(ours.shape)} vs {tuple(core.shape)}"
+        return f"{name:<46} SHAPE {tuple(ours.shape)} vs {tuple(core.shape)}"
     diff = (ours.float() - core.float()).abs()
     extra = (f"{100 * ((ours <= 0) | (ours >= 1)).float().mean().item():.0f}% clamped" if decode else
              f"latent range {core.min().item():.2f}..{core.max().item():.2f}")
-    return f"{name:<40} {str(tuple(ours.shape)):<20} {diff.max().item():>9.2e} {diff.mean().item():>9.2e}  {extra}"
+    return f"{name:<46} {str(tuple(ours.shape)):<18} {diff.max().item():>9.2e} {diff.mean().item():>9.2e}  {extra}"
 
 
 def parity(a, d: Path, call) -> None:
@@ -198,7 +198,7 @@ def parity(a, d: Path, call) -> None:
     core, info = load_file(str(d / "core.safetensors")), json.loads((d / "core.json").read_text())
     print(f"core: {info['model']}, {info['missing']} keys missing after its renames, latent_channels "
           f"{info['latent_channels']}, ratio {info['ratio']}")
-    print(f"{'case (ours vs core)':<40} {'shape':<20} {'max':>9} {'mean':>9}")
+    print(f"{'case (ours vs core)':<46} {'shape':<18} {'max':>9} {'mean':>9}")
     for dtype in (torch.float32, torch.bfloat16):
         handle = pack.vae.load(d / WEIGHTS, dtype=dtype)
         sock, tag = VAEKitVAE(handle), ("" if dtype == torch.float32 else " bf16")
