@@ -45,7 +45,7 @@ from .mage_layout import COD, DEC, ENC
 GROUPS, EPS = 32, 1e-6            # CoD GroupNorms; LayerNorms and the RMSNorm use EPS too
 WINDOW = 32                       # CoD attention window, latent pixels
 MAX_PERIOD = 10000                # timestep embedding
-HEAD_CHUNK = 512                  # latent pixels per pixel-MLP chunk (x 256 pixels, ~0.3 KB each in fp32)
+HEAD_CHUNK = 512                  # latent pixels (patches of 16x16 pixels) per pixel-MLP chunk
 
 
 @dataclass(frozen=True)
