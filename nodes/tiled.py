@@ -127,7 +127,7 @@ class VAEKitTiledEncode:
         return {"required": {
             "pixels": ("IMAGE", {"tooltip": "Images [N, H, W, 3] in 0..1; sides must be multiples of the VAE's "
                                             "compression (8 for SD/Flux.1 and Wan 2.1 VAEs, 16 for Flux.2's packed "
-                                            "latents, Wan 2.2 and Qwen-Image 2.1). A video VAE takes the batch as one clip, as "
+                                            "latents, Wan 2.2, Qwen-Image 2.1 and Mage-VAE). A video VAE takes the batch as one clip, as "
                                             "core's VAE Encode does: N images give 1 + (N-1)//4 latent frames for "
                                             "Wan (frames past the last whole group are dropped); one image is a "
                                             "one-frame clip (Qwen-Image). An RGBA VAE (Qwen-Image 2.1) gets RGB with opaque "

@@ -70,6 +70,25 @@ def diffusers_tiny(latent_channels: int = 4, width: int = 16):
         latent_channels=latent_channels).eval()
 
 
+def reference_state_dicts() -> dict[str, dict]:
+    """A small file of each family that has a reference class (KL for SD and Flux.1, TAESD, every row of
+    tests/video_families.py, the Consistency Decoder where its tests are in), for detection across
+    families: a family's own tests add the others they know of."""
+    import importlib.util
+
+    from video_families import FAMILIES, tiny_state_dict
+    out = {"kl-sd": diffusers_kl().state_dict(), "kl-flux1": diffusers_kl(16, quant=False).state_dict(),
+           "tiny": diffusers_tiny().state_dict()}
+    out.update({f: tiny_state_dict(f) for f in FAMILIES})
+    consistency = ROOT / "tests" / "vae" / "test_consistency.py"
+    if consistency.is_file():
+        spec = importlib.util.spec_from_file_location("_helpers_consistency", consistency)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out["consistency"] = mod.diffusers_consistency(**mod.TINY).state_dict()
+    return out
+
+
 class PointwiseVideo(torch.nn.Module):
     """A stand-in video VAE without spatial mixing and with ``memory`` latent frames of causal
     temporal mixing: latent 0 decodes to one frame, latent i to r frames. With memory 0 it is

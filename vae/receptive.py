@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from . import run as runstate
-from .nn.norm import GroupNorm
+from .nn.norm import STATISTICS
 
 Fn = Callable[[torch.Tensor, nn.Module], torch.Tensor]     # fn(x, model): a forward of ``model``
 
@@ -37,7 +37,7 @@ def active(module: nn.Module, scale: Sequence[Fraction]) -> bool:
 
 @dataclass(frozen=True)
 class Event:
-    kind: str                       # "conv", "stats" (a GroupNorm), "whole", "boundary"
+    kind: str                       # "conv", "stats" (a GroupNorm, a ChannelMean), "whole", "boundary"
     module: nn.Module
     size: tuple[int, int]           # spatial size of the module's input
     cost: float = 0.0               # multiply-adds (convs), for progress weights
@@ -91,7 +91,7 @@ def probe(fn: Fn, model: nn.Module, x: torch.Tensor) -> list[Event]:
         if getattr(m, "exact_whole", False):
             events.append(Event("whole", original[m], size))
             inside[0] += 1
-        elif isinstance(m, GroupNorm):
+        elif isinstance(m, STATISTICS):
             events.append(Event("stats", original[m], size))
         elif _is_spatial(m):
             events.append(Event("conv", original[m], size, _cost(m, args[0])))

@@ -70,8 +70,8 @@ def test_flux_latent_into_sd_vae(sd_vae):
 
 
 def test_128_channels_named_by_the_latents_rank(sd_vae):
-    """128 channels are Flux.2's packed image latents or LTX's video latents: the rank tells which."""
-    with pytest.raises(vae.InputError, match=r"128 channels \(as Flux.2 \(packed\) latents do\)"):
+    """128 channels are Flux.2's packed or Mage-Flow's image latents, or LTX's video latents: the rank tells which."""
+    with pytest.raises(vae.InputError, match=r"128 channels \(as Flux.2 \(packed\) or Mage-Flow latents do\)"):
         sd_vae.decode(torch.randn(1, 128, 4, 4))
     with pytest.raises(vae.InputError, match=r"128 channels \(as LTX-Video/LTX-2 latents do\)"):
         sd_vae.decode(torch.randn(1, 128, 1, 4, 4))          # one latent frame of a video

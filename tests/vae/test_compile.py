@@ -196,11 +196,13 @@ def _families():
     from video_families import FAMILIES, tiny_state_dict
     from helpers import diffusers_qwen21, diffusers_tiny
     import diffusers_flux2
+    import mage_tiny
     out = {"kl": lambda: tiny_kl(3), "taesd": lambda: vae.from_state_dict(diffusers_tiny().state_dict(),
                                                                          name_hint="taesd"),
            "flux2": lambda: vae.from_state_dict(diffusers_flux2.model().state_dict()),
            "qwen21": lambda: vae.from_state_dict(diffusers_qwen21().state_dict())}
     out.update({f: (lambda f=f: vae.from_state_dict(tiny_state_dict(f))) for f in FAMILIES})
+    out["mage"] = lambda: vae.from_state_dict(mage_tiny.canonical())
     consistency = Path(__file__).with_name("test_consistency.py")     # its tiny config, if the family is in
     if consistency.is_file():
         spec = importlib.util.spec_from_file_location("_consistency_config", consistency)

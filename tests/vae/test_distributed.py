@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import mage_tiny
 from helpers import ROOT, diffusers_kl, diffusers_qwen21
 from video_families import FAMILIES, RATIOS, tiny_state_dict
 
@@ -64,6 +65,10 @@ def _cases(d) -> tuple[list[dict], dict]:
             add(f"{family}-decode-streamed", path, "decode", z, tile=2 * s, tile_frames=r)
         if v.caps.stream_encode:
             add(f"{family}-encode-streamed", path, "encode", x, tile=2 * s, tile_frames=1 + r)
+    mage = d / "mage.safetensors"              # whole-image gates and windowed attention (tests/mage_tiny.py)
+    save_file(mage_tiny.file_layout(mage_tiny.canonical()), str(mage))
+    add("mage-decode", mage, "decode", torch.randn(1, 16, 6, 6, generator=g), tile=8)
+    add("mage-encode", mage, "encode", torch.rand(1, 3, 24, 24, generator=g), tile=8)
     x = torch.randn(1, 4, 12, 12, generator=g)
     save_file({"x": x}, str(d / "fail.in.safetensors"))
     for name, extra in (("fail", {"fail_rank": 1}), ("interrupt", {"interrupt_rank": 0}), ("after", {})):

@@ -8,22 +8,20 @@ statistics are random too, per channel, so a wrong packing order or a tile that 
 the wrong cell position cannot pass."""
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 import diffusers_flux2 as F2
 import vae
-from helpers import assert_layouts_agree, diffusers_kl, diffusers_tiny
+from helpers import assert_layouts_agree, diffusers_kl, reference_state_dicts
 from vae import latents, registry, tiling
 from vae.archs import flux2
 from vae.compile import compile_vae
 from vae.loading import unwrap
-from video_families import FAMILIES, tiny_state_dict
+from video_families import tiny_state_dict
 
 PARITY = 1e-4    # fp32, 0..1 pixels / latents
 VISIBLE = 1e-2   # fast tiles' error at the same tiles: the case is not trivially seamless
@@ -157,16 +155,7 @@ def test_small_decoder_widths_come_from_the_weights():
 
 
 def _other_families() -> dict:
-    out = {"kl-sd": diffusers_kl().state_dict(), "kl-flux1": diffusers_kl(16, quant=False).state_dict(),
-           "tiny": diffusers_tiny().state_dict()}
-    out.update({f: tiny_state_dict(f) for f in FAMILIES})
-    sibling = Path(__file__).with_name("test_consistency.py")
-    if sibling.is_file():
-        spec = importlib.util.spec_from_file_location("_flux2_consistency", sibling)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        out["consistency"] = mod.diffusers_consistency(**mod.TINY).state_dict()
-    return out
+    return reference_state_dicts()
 
 
 def test_detection_across_families(ref):
@@ -219,7 +208,7 @@ def test_our_nodes_take_cores_flux2_vae(pack, ours):
 def test_channel_hints_use_the_latents_rank():
     kl_sd = vae.from_state_dict(diffusers_kl().state_dict())
     mochi = vae.from_state_dict(tiny_state_dict("mochi"))
-    cases = [(kl_sd, (1, 128, 4, 4), "as Flux.2 \\(packed\\) latents do"), (kl_sd, (1, 32, 4, 4), "Flux.2 \\(unpacked"),
+    cases = [(kl_sd, (1, 128, 4, 4), "as Flux.2 \\(packed\\)"), (kl_sd, (1, 32, 4, 4), "Flux.2 \\(unpacked"),
              (mochi, (1, 128, 2, 4, 4), "as LTX-Video/LTX-2 latents do"),
              (mochi, (1, 32, 2, 4, 4), "as HunyuanVideo 1.5 latents do")]
     for v, shape, text in cases:

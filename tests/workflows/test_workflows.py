@@ -28,6 +28,9 @@ FLUX2 = "flux2-vae.safetensors"        # a random-weight Flux.2 VAE at the publi
 QWEN21 = "qwen_image_2.1_vae_bf16.safetensors"   # the templates' file: ComfyUI's layout, bf16; narrow, random
 
 
+MAGE = "mage_flow_vae_bf16.safetensors"   # a random-weight Mage-VAE at the published ratio (16), narrow, bf16
+
+
 @pytest.fixture
 def comfy_dirs(tmp_path, monkeypatch):
     """models/, input/, output/ as a ComfyUI install would have them for these workflows."""
@@ -52,6 +55,9 @@ def video_dirs(comfy_dirs):
                               torch.randn(1, *VIDEO_LATENT[family], generator=g))
     save_file(_flux2_weights(), str(comfy_dirs / "models" / "vae" / FLUX2))
     save_file(_qwen21_weights(), str(comfy_dirs / "models" / "vae" / QWEN21))
+
+
+    save_file(_mage_weights(), str(comfy_dirs / "models" / "vae" / MAGE))
     return comfy_dirs
 
 
@@ -67,6 +73,13 @@ def _qwen21_weights() -> dict:
     from vaekit.vae.archs import wan, wan_layout
     original = wan_layout.to_original(wan.SPEC.to_canonical(diffusers_qwen21().state_dict()), nested=True)
     return {k: v.to(torch.bfloat16).contiguous() for k, v in original.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _mage_weights() -> dict:
+    import mage_tiny
+    sd = mage_tiny.file_layout(mage_tiny.canonical(patch=16), anchor=True)      # ComfyUI's file layout
+    return {k: v.to(torch.bfloat16) for k, v in sd.items()}
 
 
 def test_every_api_workflow_has_a_ui_twin():
@@ -223,26 +236,33 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
         assert (frames[i] - frame).abs().max() <= 1 / 255 + 1e-6      # 8-bit frames
 
 
-def test_flux2_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
-    """Load Image -> core VAE Encode (a Flux.2 reference latent: 128 channels, packed, normalised) ->
-    Tiled Decode (exact, 256 px) -> Save Image: the library's untiled round trip, to PNG rounding."""
+def _image_roundtrip(api_name: str, vae_file: str, dirs):
+    """Run an image round-trip graph headless; (the saved PNG, the VAE, the library's untiled latent and
+    round trip of the same image)."""
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
     from vaekit.vae.imageio import read_image
-    api = json.loads((WORKFLOWS / "image_flux2_roundtrip_api.json").read_text())
-    assert api["1"]["inputs"]["vae_name"] == FLUX2
+    api = json.loads((WORKFLOWS / api_name).read_text())
+    assert api["1"]["inputs"]["vae_name"] == vae_file
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
-        v = lib.load(video_dirs / "models" / "vae" / FLUX2)
-        x = read_image(video_dirs / "input" / "vaekit_sample.png").movedim(-1, 0)[None]
+        ui = run_prompt(api, input_dir=dirs / "input", output_dir=dirs / "output")
+        v = lib.load(dirs / "models" / "vae" / vae_file)
+        x = read_image(dirs / "input" / "vaekit_sample.png").movedim(-1, 0)[None]
         z = v.encode(x)
         want = v.decode(z)[0].movedim(0, -1)
     finally:
         torch.set_num_threads(threads)
-    assert v.spec.id == "flux2" and z.shape == (1, 128, x.shape[2] // 16, x.shape[3] // 16)
-    assert (read_image(ui["5"]["images"][0]) - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
+    return read_image(ui["5"]["images"][0]), v, z, want
+
+
+def test_flux2_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
+    """Load Image -> core VAE Encode (a Flux.2 reference latent: 128 channels, packed, normalised) ->
+    Tiled Decode (exact, 256 px) -> Save Image: the library's untiled round trip, to PNG rounding."""
+    png, v, z, want = _image_roundtrip("image_flux2_roundtrip_api.json", FLUX2, video_dirs)
+    assert v.spec.id == "flux2" and z.shape == (1, 128, png.shape[0] // 16, png.shape[1] // 16)
+    assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
 
 
 def test_qwen_image_roundtrip_runs_headless(pack, video_dirs):
@@ -291,3 +311,11 @@ def test_qwen21_roundtrip_runs_headless(pack, video_dirs):
             assert im.mode == "RGBA"
             got = torch.from_numpy(np.asarray(im).astype(np.float32) / 255)
         assert (got - want).abs().max() <= 1 / 255 + 1e-6, node
+
+
+def test_mage_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
+    """Load Image -> Tiled Encode -> Tiled Decode (both exact, 256 px: tiles cut the image's attention
+    windows and its pooled gates) -> Save Image: the library's untiled round trip, to PNG rounding."""
+    png, v, z, want = _image_roundtrip("image_mage_roundtrip_api.json", MAGE, video_dirs)
+    assert v.spec.id == "mage" and z.shape == (1, 16, png.shape[0] // 16, png.shape[1] // 16)
+    assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding

@@ -4,6 +4,10 @@ Fast tiling normalises each tile with its own statistics. Exact tiling needs the
 whole tensor: the tile's run state (``vae.run``, owned by the call, never set on the module) has a
 ``stats(norm, x)`` hook that returns ``(mean, var)`` per (batch, group), or None to fall back to the
 tile's own statistics. Nothing else in the library computes GroupNorm statistics.
+
+``ChannelMean`` (global average pooling, e.g. a squeeze-and-excitation gate) asks the same hook: its
+mean per (batch, channel) is a GroupNorm statistic with one channel per group. ``STATISTICS`` lists
+the modules whose statistics exact tiling shares across tiles.
 """
 from __future__ import annotations
 
@@ -56,6 +60,29 @@ class GroupNorm(nn.GroupNorm):
             if stats is not None:
                 return normalize_with_stats(x, self, *stats)
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class ChannelMean(nn.Module):
+    """Mean over every position per (batch, channel), keeping the spatial axes as 1 (global average
+    pooling: ``nn.AdaptiveAvgPool2d(1)`` for images). Under exact tiling the mean is the whole
+    tensor's, from the run state's ``stats`` hook (``num_groups`` = channels: one channel per group)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.num_groups = channels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dims = tuple(range(2, x.dim()))
+        exact = None if torch.compiler.is_compiling() else current().exact    # exact runs are eager
+        if exact is not None:
+            stats = exact.stats(self, x)
+            if stats is not None:
+                return stats[0].reshape(*x.shape[:2], *(1,) * len(dims)).to(x.dtype)
+        return x.mean(dims, keepdim=True)
+
+
+# the modules whose statistics exact tiling shares across tiles (the ``stats`` hook)
+STATISTICS = (GroupNorm, ChannelMean)
 
 
 class FrameGroupNorm(GroupNorm):
