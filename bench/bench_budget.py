@@ -15,8 +15,8 @@ time of the call). "one pass" is ``VAE.decode(z)`` untiled: for Wan and HunyuanV
 chunked definition (one and two latent frames at a time, equal to the whole clip at once), the
 reference every exact figure is compared with (max abs on 0..1 pixels). ``predicted`` is the planner's
 figure for the same call (vae/budget.py: calibrated device peak + maps + output, all on the CPU here),
-computed in the worker before the call; ``fit`` is the calibration that run implies: (measured - maps -
-output) / the tracker's live peak, the figure vae/memory.py's CALIBRATION is set from.
+computed in the worker before the call; ``fit`` is the factor that run implies with the CPU's fixed bytes:
+(measured - maps - output - fixed) / the tracker's live peak, what vae/memory.py's CALIBRATION is fitted to.
 
 Plans (``plans``): the planner's choice for a budget on a GPU with host memory as the offload device,
 in bf16, from the meta measurement alone (nothing is decoded): tile, chunk, predicted device bytes, what
@@ -106,6 +106,8 @@ MIB = 2 ** 20
 
 def scaling(a) -> None:
     import numpy as np
+    from vae import memory
+    fixed = memory.calibration("cpu")[1]
     sizes = (a.sizes or SIZES[a.family]).split(",")
     kinds = a.kinds.split(",")
     with tempfile.TemporaryDirectory(prefix="bench_budget_") as tmp:
@@ -123,7 +125,7 @@ def scaling(a) -> None:
                     continue
                 p = r["pred"]
                 pred = (p["device"] + p["maps"] + p["output"]) / MIB
-                fit = (r["working_set_mib"] * MIB - p["maps"] - p["output"]) / max(p["live"], 1)
+                fit = (r["working_set_mib"] * MIB - p["maps"] - p["output"] - fixed) / max(p["live"], 1)
                 out = np.load(r["npy"])
                 if kind == "one_pass":
                     ref = (out, r)
@@ -142,7 +144,7 @@ def plans(a) -> None:
     gpu, host = torch.device("cuda"), torch.device("cpu")
     cases = [("wan", "1280x720x81"), ("wan", "1920x1080x241"), ("ltx2.3", "1920x1088x121"), ("kl", "2048x2048x1")]
     print(f"plans for a {a.budget} GB budget on a GPU, offload and output in host memory, bf16 "
-          f"(meta measurement only; calibration {memory.calibration(gpu)})")
+          f"(meta measurement only; calibration factor, fixed bytes {memory.calibration(gpu)})")
     with tempfile.TemporaryDirectory(prefix="bench_budget_") as tmp:
         for family, size in cases:
             v = vae.load(_weights(family, Path(tmp))).to(dtype=torch.bfloat16)

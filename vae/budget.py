@@ -133,7 +133,6 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
     model = memory.meta_model(handle.model)
     fn = handle.decode_fn() if call.decode else handle.encode_fn()
     x = torch.empty(call.shape, device="meta")
-    cal = memory.calibration(device)
     output = _output_bytes(handle, call)
     if route.engine == "exact":
         r = handle.caps.spatial_ratio
@@ -160,7 +159,7 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
             total = route.chunks[0][-1][1] - route.chunks[0][0][0]
             maps = int(maps * total / max(done, 1))
         live = int(m.device * scale)
-        return Prediction(int(cal * live), maps, output, live)
+        return Prediction(memory.calibrated(live, device), maps, output, live)
     # fast: one tile (the largest) of one chunk, streamed where the model streams
     plans = route.plans
     px = 1 if call.decode else handle.caps.spatial_ratio
@@ -176,7 +175,7 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
         unit.insert(0, frames)
     live = memory.unit_bytes(handle.model, "decode" if call.decode else "encode", (*lead, *unit), handle.dtype,
                              2 if route.chunk else 1)
-    return Prediction(int(cal * live), 0, output, live)
+    return Prediction(memory.calibrated(live, device), 0, output, live)
 
 
 def _candidates(handle, call, max_tile) -> list:
