@@ -19,7 +19,7 @@ class VAEKitLoad:
     FUNCTION = "load"
     DESCRIPTION = ("Loads a VAE (image: AutoencoderKL for SD1.x/SD2.x/SDXL/SD3/Flux.1, the TAESD family, the "
                    "Consistency Decoder; video: Wan 2.1/2.2 and Qwen-Image, Mochi, LTX-Video, HunyuanVideo, "
-                   "EasyAnimate) from "
+                   "EasyAnimate, SeedVR2) from "
                    "the 'vae' or 'vae_approx' folder, in the original, ComfyUI or diffusers key layout. "
                    ".pth/.ckpt files are read without running pickled code.")
 
