@@ -39,7 +39,6 @@ TEMPLATE = (512, 128, 64, 8)      # the templates' VAE Decode / Encode (Tiled): 
 
 def _call(args, tmp: Path):
     """The run's model and call: latent -> pixels [B, 3, T, H, W] in 0..1 / clip -> latent."""
-    import torch
     from safetensors.torch import load_file
     encode = args.op == "encode"
     if args.worker.startswith("core"):
