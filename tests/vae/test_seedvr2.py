@@ -260,6 +260,31 @@ def test_latent_channel_hints(ours):
     assert "SeedVR2" in channel_hint(16, 5)
 
 
+def test_the_budget_planner_plans_smaller_tiles_with_the_untiled_result(ours, caplog):
+    """The planner (vae/budget.py) measures SeedVR2 on the meta device (per-frame GroupNorm: tiles meet in
+    rounds, streamed one latent frame at a time). Below an untiled pass's prediction it picks smaller exact
+    tiles and gives the untiled result; planned for a GPU (paused tiles wait in host memory) the tiles
+    need at most half the untiled pass; memory managers get a number both ways."""
+    import logging
+    from vae import budget
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    z = torch.randn(1, 16, 2, 16, 16)
+    call = ours.call_for("decode", z.shape, mode="exact")
+    untiled = budget.plan(ours, call, 1 << 40, cpu, cpu, cpu)
+    assert untiled.call.tile >= 16 * 8
+    with caplog.at_level(logging.INFO, logger="VAEKit"):
+        out = ours.decode(z, mode="exact", budget=untiled.on_device() - 1)
+    line = next(r.message for r in caplog.records if "predicted on cpu" in r.message)
+    assert "exact" in line and "px tiles" in line, line
+    assert (out - ours.decode(z)).abs().max() <= 1e-5
+    whole = budget.plan(ours, call, 1 << 40, gpu, cpu, cpu).on_device()
+    p = budget.plan(ours, call, whole // 2, gpu, cpu, cpu)
+    assert p.call.tile < 16 * 8 and p.on_device() <= whole // 2
+    for op, shape in (("decode", z.shape), ("encode", (1, 3, 5, 128, 128))):
+        need = ours.memory_needed(shape, op, tile=64, mode="exact")
+        assert isinstance(need, int) and need > 0, op
+
+
 # ---- published config (slow) --------------------------------------------------------------------
 
 @pytest.mark.slow
