@@ -20,8 +20,9 @@ _OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
 _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4, "advanced": True,
                      "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; a clip no longer than "
                                 "this is one pass in time. Models that stream through causal caches (Wan, "
-                                "HunyuanVideo 1.5, Mochi, Magvit; the LTX-Video and LTX-2 encoders) take the clip "
-                                "this many frames at a time with an exact result (Wan at most 4, one latent frame, "
+                                "HunyuanVideo 1.5, Mochi, Magvit, SeedVR2; the LTX-Video and LTX-2 encoders) take the "
+                                "clip this many frames at a time with an exact result (Wan and SeedVR2 at most 4, one "
+                                "latent frame, "
                                 "HunyuanVideo 1.5 at most 8, two, as their references run: more frames only cost "
                                 "memory); others blend overlapping tiles, approximately: an LTX-2 "
                                 "decoder frame depends on 22 latent frames (176 frames; LTX-2.3: 14, 112 frames; "
@@ -60,8 +61,9 @@ _MODE = (["exact", "fast"], {"default": "exact",
                                "the windows' reach), GroupNorm statistics are shared; overlap is not used. Wan, "
                                "Qwen-Image, HunyuanVideo 1.5 and LTX run tile after tile, each through all its "
                                "frames, so memory is one tile's however large the image or clip; VAEs with "
-                               "GroupNorm (SD/Flux KL, HunyuanVideo 1.0, Mochi, Magvit) keep paused tiles on the "
-                               "CPU while a GPU runs the others. fast: independent tiles blended in their overlap: "
+                               "GroupNorm (SD/Flux KL, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2) keep paused "
+                               "tiles on the CPU while a GPU runs the others. fast: independent tiles blended in "
+                               "their overlap: "
                                "faint seams (and flicker in video) where tiles meet, for somewhat less time and "
                                "memory than exact."})
 _BUDGET = ("FLOAT", {"default": 0.0, "min": 0.0, "max": 4096.0, "step": 0.25, "advanced": True,

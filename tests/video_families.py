@@ -1,5 +1,6 @@
-"""Tiny diffusers video VAEs (random weights) for the tests that run every family the same way:
-detection across families, handle-level tiling thresholds, the nodes and the workflows."""
+"""Tiny video VAEs (random weights; diffusers' where it has the class) for the tests that run every
+family the same way: detection across families, handle-level tiling thresholds, the nodes and the
+workflows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +24,27 @@ class Row:
 
 def _diffusers():
     return pytest.importorskip("diffusers")
+
+
+class _InLayout(torch.nn.Module):
+    """One of our models whose ``state_dict()`` is in a file layout users have (``convert``: canonical ->
+    that layout): the reference of a family that diffusers does not implement."""
+
+    def __init__(self, model: torch.nn.Module, convert: Callable[[dict], dict]):
+        super().__init__()
+        self.model, self._convert = model, convert
+
+    def state_dict(self, *args, **kwargs):
+        return self._convert(self.model.state_dict(*args, **kwargs))
+
+
+def _seedvr2():
+    """diffusers has no SeedVR2 class (and core's is fixed at the published widths): OUR model, random
+    weights, saved in core's layout (the original's names). So this row checks our loader, engines and
+    detection, not parity: that is bench/compare_core_seedvr2.py, against core."""
+    from vae.archs import seedvr2, seedvr2_layout
+    cfg = seedvr2.SeedVR2Config(widths=(32, 32, 32, 32), layers_per_block=1, temporal=(False, True, True))
+    return _InLayout(seedvr2.SeedVR2VAE(cfg), seedvr2_layout.to_original)
 
 
 def _hunyuan_video():
@@ -58,6 +80,8 @@ ROWS: dict[str, Row] = {
         block_out_channels=(8, 16, 32, 64, 64), layers_per_block=1)),
     # LTX-2.5: LTX-2.3's encoder beside the diffusion decoder (4 + 1 stages), narrow, published windows
     "ltx_diffusion": Row((32, 8), lambda: ltx_diffusion_common.reference()),
+    # the published structure (4 levels, time resampled in the middle two), narrow; not diffusers (see _seedvr2)
+    "seedvr2": Row((8, 4), _seedvr2),
 }
 FAMILIES = tuple(ROWS)
 RATIOS = {name: row.ratios for name, row in ROWS.items()}

@@ -80,7 +80,7 @@ def test_video_families_exact_both_ways(loaded, family):
     _assert_exact(v.encode(x), v.encode(x, tile=3 * r, overlap=r), v.encode(x, tile=3 * r, mode="exact"))
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f in ("mochi", "magvit", "hunyuan_video15")])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f in ("mochi", "magvit", "hunyuan_video15", "seedvr2")])
 @pytest.mark.parametrize("chunk", [1, 2, 3])
 def test_exact_tiles_stream_time_for_causal_families(loaded, family, chunk):
     """Exact mode on a model that streams: 2x2 spatial tiles, each run chunk by chunk through its own

@@ -9,8 +9,8 @@ import torch
 from helpers import module_attrs
 from video_families import FAMILIES, RATIOS
 
-EXACT_DECODE = ("mochi", "magvit", "wan", "hunyuan_video15")
-EXACT_ENCODE = ("mochi", "magvit", "ltx", "ltx2", "wan", "hunyuan_video15", "ltx_diffusion")
+EXACT_DECODE = ("mochi", "magvit", "wan", "hunyuan_video15", "seedvr2")
+EXACT_ENCODE = ("mochi", "magvit", "ltx", "ltx2", "wan", "hunyuan_video15", "ltx_diffusion", "seedvr2")
 
 
 def test_declared_streaming_matches_the_issue_table(loaded):

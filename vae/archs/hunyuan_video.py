@@ -152,6 +152,7 @@ def _conv_in(sd) -> Optional[torch.Tensor]:
 _PARTS = re.compile(r"^((encoder|decoder)\.(conv_in|down|up|mid|norm_out|conv_out)|quant_conv|post_quant_conv)\.")
 _RESNET_NORM = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.block\.\d+\.norm1\.weight$")
 _RESAMPLER = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.(downsample|upsample)\.conv\.weight$")
+_RESAMPLER_PART = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.(downsample|upsample)\.(?!conv\.)")
 
 
 def detect_video_ldm(sd, to_canonical, parts: re.Pattern, resnet_norm: re.Pattern, resampler_ok) -> bool:
@@ -165,13 +166,17 @@ def detect_video_ldm(sd, to_canonical, parts: re.Pattern, resnet_norm: re.Patter
     if not all(parts.match(k) for k in sd) or not any(resnet_norm.match(k) for k in sd):
         return False
     resamplers = [v for k, v in sd.items() if _RESAMPLER.match(k)]
+    if any(_RESAMPLER_PART.match(k) for k in sd):     # a resampler here is one conv (SeedVR2's add more)
+        return False
     return bool(resamplers) and all(resampler_ok(v) for v in resamplers)
 
 
 def detect(sd) -> bool:
     """5-D convs in the LDM parts only, GroupNorm resnets (``norm1.weight``; HunyuanVideo 1.5 has RMS
-    ``gamma``), width-keeping 3-D resamplers (the HunyuanImage refiner's change width, CogVideoX's are 2-D)."""
-    return detect_video_ldm(sd, to_canonical, _PARTS, _RESNET_NORM, lambda v: v.dim() == 5 and v.shape[0] == v.shape[1])
+    ``gamma``), width-keeping 3^3 resamplers (the HunyuanImage refiner's change width, CogVideoX's are 2-D,
+    SeedVR2's spatial-only one is 1x3x3)."""
+    return detect_video_ldm(sd, to_canonical, _PARTS, _RESNET_NORM,
+                            lambda v: v.dim() == 5 and v.shape[0] == v.shape[1] and v.shape[2] == 3)
 
 
 def _strides(present: list[bool], temporal: list[int]) -> tuple[Stride, ...]:
