@@ -8,7 +8,8 @@ channel is the same dot product as before, and ``unfuse_qkv`` slices the origina
 While fused, ``state_dict()`` still shows the canonical ``q/k/v`` keys (and ``load_state_dict``
 takes them), so saving or reloading a fused model gives the files every loader knows.
 
-Mochi's temporal attention already keeps one ``qkv`` Linear in its canonical layout; TAESD,
+Mochi's temporal attention already keeps one ``qkv`` Linear in its canonical layout (so does any
+module whose class sets ``fused_qkv``: MiniMax H3's ViT blocks, ``to_qkv``); TAESD,
 LTX-Video and Magvit V5.1 have no attention at all: both are reported, never an error."""
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def fuse_qkv(model: nn.Module, name: str = "") -> QKVReport:
                 fused += 1
             else:
                 already += 1
-        elif isinstance(m, TemporalAttention):
+        elif isinstance(m, TemporalAttention) or getattr(m, "fused_qkv", False):
             already += 1
     return QKVReport(fused, already, _message(fused, already, name))
 
