@@ -36,6 +36,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
+FP16, INT8 = "minimax_h3_video_vae_fp16.safetensors", "minimax_h3_video_vae_int8_convrot.safetensors"   # as ComfyUI names them
 TINY = dict(enc_widths=(32,) * 6, enc_blocks=1, enc_down=(True,) * 4 + (False,) * 2, dec_dim=128, dec_depth=2,
             dec_ff=512, registers=4, patch=16)
 PUBLISHED = dict(enc_widths=(128, 256, 256, 512, 512, 1024), enc_blocks=2, enc_down=(True,) * 4 + (False,) * 2,
@@ -128,10 +129,13 @@ def worker(a) -> None:
     else:
         sys.path.insert(0, str(ROOT))
         import vae
-        v = vae.load(d / a.weights)
+        # loaded in the file's dtype, then cast (one copy of the weights at a time; the same handle)
+        v = vae.load(d / a.weights, dtype=torch.float16 if a.size != "tiny" else None).to(dtype=torch.float32)
         info["model"] = v.name
         run = lambda k, x: (v.decode(x, tiling=k.split(":")[1]) if k.startswith("decode") else v.encode(x))
-    with torch.inference_mode():
+    # core under no_grad: under inference_mode (as ComfyUI runs nodes) core 783545f6's model patcher fails
+    # on the int8 file on CPU ("Cannot set version_counter for inference tensor", ops._quantized_apply)
+    with torch.no_grad() if a.side == "core" else torch.inference_mode():
         for k, x in inputs.items():
             if a.side == "core" and k.endswith(":blend") != bool(a.newer_tiled_decode) and k.startswith("decode"):
                 continue                         # each core run computes its own composition's rows
@@ -149,7 +153,7 @@ def _quantize(a) -> None:
     import comfy.quant_ops
     from safetensors.torch import load_file, save_file
     d = Path(a.worker)
-    sd = load_file(d / "published.safetensors")
+    sd = load_file(d / FP16)
     conf = torch.tensor(list(json.dumps({"format": "int8_tensorwise", "convrot": True,
                                          "convrot_groupsize": 256}).encode()), dtype=torch.uint8)
     for k in [k for k in sd if k.startswith("decoder.transformer_blocks.") and k.endswith(".weight")
@@ -158,7 +162,7 @@ def _quantize(a) -> None:
                                                                   convrot=True, convrot_groupsize=256)
         sd[k], sd[k[:-len("weight")] + "weight_scale"] = q.contiguous(), params.scale.contiguous()
         sd[k[:-len("weight")] + "comfy_quant"] = conf.clone()
-    save_file(sd, d / "int8.safetensors")
+    save_file(sd, d / INT8)
 
 
 # ---- driver ----------------------------------------------------------------------------------------
@@ -190,14 +194,14 @@ def compare(a, size: str) -> None:
     with tempfile.TemporaryDirectory(prefix=f"cmp_minimax_{size}_", dir=a.tmp) as tmp:
         d = Path(tmp)
         fields = TINY if size == "tiny" else PUBLISHED
-        weights = "published.safetensors" if size != "tiny" else "tiny.safetensors"
+        weights = FP16 if size != "tiny" else "tiny.safetensors"
         save_file(random_weights(fields, torch.float16 if size != "tiny" else torch.float32), d / weights)
         if size == "int8":
             proc = subprocess.run([a.python, str(Path(__file__).resolve()), "--worker", str(d), "--quantize",
                                    "--comfyui", a.comfyui], capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"quantizing failed:\n{proc.stderr[-3000:]}")
-            weights = "int8.safetensors"
+            weights = INT8
         inputs = _inputs(size)
         save_file(inputs, d / "inputs.safetensors")
         _run(a, d, "ours", weights)

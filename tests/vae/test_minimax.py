@@ -5,6 +5,7 @@ ways, and the engine's schedule of the definition's units (progress, interrupt, 
 The comparison against ComfyUI core is bench/compare_core_minimax.py."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -53,6 +54,16 @@ def ref_encode(ref, x):
         return (ref.encode((x - IMAGENET[0]) / IMAGENET[1]).latent_dist.mode() - STATS[0]) / STATS[1]
 
 
+@contextlib.contextmanager
+def ref_tiles(ref, tile: int = 256, overlap: int = 64, off: bool = False):
+    """diffusers' tile geometry for the block (its enable_tiling sizes, or disable_tiling), then back."""
+    ref.disable_tiling() if off else ref.enable_tiling(tile, tile, overlap, overlap)
+    try:
+        yield ref
+    finally:
+        ref.enable_tiling(256, 256, 64, 64)
+
+
 def ref_tile(ref, z):
     """One unit through diffusers' modules: raw (ImageNet-normalised) pixels."""
     with torch.no_grad():
@@ -74,11 +85,8 @@ def test_tiled_decode_matches_diffusers_stitching(ref, ours):
     """diffusers (and MiniMax's code) blend each tile with its raw neighbours: ``tiling="stitch"``,
     here with the tiles narrowed to 64 px / 16 px overlaps on both sides (4 x 3 tiles, two chunks)."""
     z = torch.randn(1, 24, 8, 11, 9)
-    ref.enable_tiling(64, 64, 16, 16)
-    try:
+    with ref_tiles(ref, 64, 16):
         want = ref_decode(ref, z)
-    finally:
-        ref.enable_tiling(256, 256, 64, 64)
     calls = []
     out = narrowed(ours, 64, 16).decode(z, tiling="stitch", progress=lambda d, n: calls.append(n))
     assert calls[-1] == 2 * 4 * 3                        # chunks x tiles, one progress step each
@@ -139,11 +147,8 @@ def test_blend_is_each_tile_blended_into_what_is_there(ref, ours):
 def test_untiled_decode_is_one_pass_per_chunk(ref, ours):
     """``tiling="off"``: diffusers' disable_tiling (each chunk in one pass; not the released output)."""
     z = torch.randn(1, 24, 7, 18, 17)
-    ref.disable_tiling()
-    try:
+    with ref_tiles(ref, off=True):
         want = ref_decode(ref, z)
-    finally:
-        ref.enable_tiling()
     assert (ours.decode(z, tiling="off") - want).abs().max() <= EXACT
     assert (ours.decode(z) - want).abs().max() > 1e-3
     with pytest.raises(vae.InputError, match="unknown tiling 'none'"):
@@ -162,11 +167,8 @@ def test_encode_matches_diffusers(ref, ours, frames):
 def test_tiled_encode_matches_diffusers(ref, ours):
     """Encode tiles blend latents with their raw neighbours (every reference): tiles narrowed to 64 px."""
     x = torch.rand(1, 3, 5, 144, 112)
-    ref.enable_tiling(64, 64, 16, 16)
-    try:
+    with ref_tiles(ref, 64, 16):
         want = ref_encode(ref, x)
-    finally:
-        ref.enable_tiling(256, 256, 64, 64)
     calls = []
     out = narrowed(ours, 64, 16).encode(x, progress=lambda d, n: calls.append(n))
     assert calls[-1] == 3 * 2 and (out - want).abs().max() <= EXACT
