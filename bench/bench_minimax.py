@@ -7,7 +7,7 @@ Weights: the published config (2.60 G parameters) with random weights under a fi
 (compare_core_minimax.random_weights), stored fp16 in ComfyUI's layout as
 ``minimax_h3_video_vae_fp16.safetensors`` is; with ``--int8`` that file quantized by core's own code
 (the format of ``minimax_h3_video_vae_int8_convrot.safetensors``). Both sides run it as ComfyUI does
-on a CPU: fp32 compute (int8 layers weight-only). Latent randn(1, 24, t, H/16, W/16) for a clip of
+on a CPU: fp32 compute (int8 layers: int8 matmuls, activations quantized per row). Latent randn(1, 24, t, H/16, W/16) for a clip of
 17k+5 frames (t = 5k+2); encode: rand clip of that many frames.
 
 One subprocess per run (core's under ComfyUI's python), the peak-RSS mark reset after loading

@@ -20,7 +20,8 @@ another; nothing is asserted. Sizes:
   loaded by core's ``comfy.sd.VAE`` (its detection, dtype choice: fp32 on CPU, VAE Decode / Encode's
   calls) and by ``vae.load``; each side holds ~9.7 GiB: run it under the heavy lock;
 - ``int8``: that file quantized by core's own code (comfy_kitchen's int8 + Hadamard rotation, the
-  format of ``minimax_h3_video_vae_int8_convrot.safetensors``), both sides running it weight-only.
+  format of ``minimax_h3_video_vae_int8_convrot.safetensors``), both sides running it
+  as core does (activations quantized per row, int8 matmuls).
 """
 from __future__ import annotations
 

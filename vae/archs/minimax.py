@@ -25,7 +25,7 @@ reflect-pad bottom/right first. Decoder: ``x_embedder`` per latent voxel, regist
 appended, pre-norm blocks (RMSNorm, fused per-head-interleaved ``to_qkv``, weightless RMSNorm on q and k,
 3-axis split-half RoPE on 3/4 of each 64-wide head, theta 100, positions (i + 0.5) / n * 2 - 1 times
 2 pi; SwiGLU ``w1`` stored [gate; value]; per-channel layer scales), LayerNorm, ``proj_out`` to
-3 x 4 x 16 x 16 pixels per token. ComfyUI's int8 files run weight-only (vae/nn/quant.py)."""
+3 x 4 x 16 x 16 pixels per token. ComfyUI's int8 files run as core runs them (int8 matmuls: vae/nn/quant.py)."""
 from __future__ import annotations
 
 import math
@@ -369,7 +369,7 @@ def capabilities(cfg: MiniMaxConfig) -> Capabilities:
 def describe(cfg: MiniMaxConfig) -> str:
     extra = [f"{cfg.latent_channels} latent channels"]
     if cfg.quantized:
-        extra.append(f"int8 decoder ({len(cfg.quantized)} layers, run weight-only)")
+        extra.append(f"int8 decoder ({len(cfg.quantized)} layers, int8 matmuls)")
     if not cfg.has_encoder or not cfg.has_decoder:
         extra.append("decoder only" if cfg.has_decoder else "encoder only")
     return f"MiniMax H3 video VAE ({', '.join(extra)})"

@@ -8,7 +8,7 @@ Layouts users have:
   mask_token,norm_out,proj_out}``, ``decoder.transformer_blocks.<i>.{norm1,attn.to_qkv,attn.to_out,scale1,norm2,
   ff.w1,ff.w2,scale2}``. ``mask_token`` (a training-only buffer, all zeros) is dropped.
 - ComfyUI's int8 file: the blocks' Linears as int8 ``weight`` + per-row ``weight_scale`` + ``comfy_quant``
-  (JSON bytes: format, rotation); read into the config and run weight-only (vae/nn/quant.py).
+  (JSON bytes: format, rotation); read into the config and run as core runs them (vae/nn/quant.py).
 - diffusers ``AutoencoderKLMiniMaxH3``: ``encoder.down_blocks.<i>.resnets.<j>`` (``conv_shortcut``),
   ``encoder.down_blocks.<i>.downsamplers.0``, ``decoder.proj_in``, ``attn.to_{q,k,v}`` (split from the
   per-head interleave), ``attn.to_out.0``, ``ff.net.0.proj`` (halves swapped to [value; gate]),

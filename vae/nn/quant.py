@@ -1,13 +1,17 @@
-"""ComfyUI's int8 weight files (``comfy_quant`` format ``int8_tensorwise``), run weight-only.
+"""ComfyUI's int8 weight files (``comfy_quant`` format ``int8_tensorwise``), run as ComfyUI runs them.
 
 A quantized Linear is stored as an int8 ``weight`` [out, in], a per-row ``weight_scale`` [out, 1] and
 a ``comfy_quant`` byte string (JSON) naming the format. With ``convrot`` the weight was rotated
 before quantizing: each group of ``group`` input columns multiplied by a normalised Hadamard matrix
-H (``hadamard``: symmetric and orthogonal, so it is its own inverse). ComfyUI runs these layers
-weight-only: W = (q * scale) H, per group, in float32, then rounded to float16 (its compute dtype for
-these layers unless a dtype is forced) and cast to the activations' dtype. This module does the same
-on every call, so the file's int8 weights are what stays in memory (a quarter of fp32), at the cost of
-one (out x in x group) matmul per call (a few % of a MiniMax H3 decoder tile)."""
+H (``hadamard``: symmetric and orthogonal, so it is its own inverse).
+
+ComfyUI (core 783545f6 with comfy-kitchen 0.2.31, any device) runs these layers as an int8 x int8
+matmul: the activations are rotated by the same H (in their dtype), quantized per row on the fly
+(scale = row max / 127, rounded half to even, clamped to -128..127), multiplied with the int8 weight
+with int32 accumulation, scaled back in float32 by (row scale x weight scale), cast to the activations'
+dtype, and the bias added. This module does the same, so the file's int8 weights are what stays in
+memory (a quarter of fp32) and the output is core's. ``dequantized`` (the weight-only view, float
+weights rounded to fp16 as core's dequantize gives them) is for comparisons."""
 from __future__ import annotations
 
 import functools
@@ -16,7 +20,6 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 FORMAT = "int8_tensorwise"
@@ -67,9 +70,17 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor
     return w
 
 
+def _int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [m, k] x b [n, k]^T, int8 -> float32 of the exact int32 sums."""
+    if a.device.type in ("cpu", "meta") or (a.shape[0] > 16 and a.shape[1] % 8 == 0 and b.shape[0] % 8 == 0):
+        return torch._int_mm(a, b.t().contiguous()).float()
+    return (a.double() @ b.double().t()).float()          # exact: |sum| < 2^53
+
+
 class Int8Linear(nn.Module):
-    """A Linear whose weight stays int8 (keys ``weight``, ``weight_scale``, ``bias``), dequantized per
-    call as ComfyUI does. The scale stays float32 whatever dtype the model is cast to."""
+    """A Linear whose weight stays int8 (keys ``weight``, ``weight_scale``, ``bias``), run as an int8
+    matmul with activations quantized per row, as ComfyUI does. The scale stays float32 whatever dtype
+    the model is cast to."""
 
     def __init__(self, cin: int, cout: int, group: int = 256, bias: bool = True):
         super().__init__()
@@ -91,8 +102,16 @@ class Int8Linear(nn.Module):
         return w if dtype is None else w.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.dequantized(x.dtype), bias)
+        shape = x.shape
+        if self.group:                                         # rotate the activations as the weight was
+            x = (x.reshape(-1, shape[-1] // self.group, self.group) @ hadamard(self.group, x.device).to(x.dtype))
+        x = x.reshape(-1, shape[-1])
+        scale = (x.abs().amax(dim=-1, keepdim=True).float() / 127.0).clamp(min=1e-30)
+        q = (x / scale.to(x.dtype)).round_().clamp_(-128.0, 127.0).to(torch.int8)
+        y = (_int8_matmul(q, self.weight) * (scale * self.weight_scale.float().reshape(1, -1))).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, int8, rotation group {self.group or 'none'}"
