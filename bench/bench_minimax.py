@@ -1,6 +1,6 @@
 """MiniMax H3 video VAE decode (and encode): VAEKit beside ComfyUI core on the same file, one run each.
 
-    flock /work/scratch/heavy.lock python bench/bench_minimax.py --comfyui PATH/TO/ComfyUI \\
+    flock LOCKFILE python bench/bench_minimax.py --comfyui PATH/TO/ComfyUI \\
         --comfy-python PATH/TO/venv/bin/python --newer-tiled-decode FILE --frames 22 --height 512 --width 512
 
 Weights: the published config (2.60 G parameters) with random weights under a fixed seed

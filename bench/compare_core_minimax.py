@@ -3,7 +3,7 @@ inputs; prints max / mean abs difference per case (pixels 0..1 for decode, laten
 
     python bench/compare_core_minimax.py --comfyui /path/to/ComfyUI --python /path/to/venv/bin/python
     python bench/compare_core_minimax.py ... --sizes tiny --newer-tiled-decode FILE
-    flock /work/scratch/heavy.lock python bench/compare_core_minimax.py ... --sizes published,int8
+    flock LOCKFILE python bench/compare_core_minimax.py ... --sizes published,int8
 
 Core is run in a subprocess under its own python (CPU, fp32; this file in --worker mode), ours in
 another; nothing is asserted. Sizes:
