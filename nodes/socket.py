@@ -34,13 +34,13 @@ class VAEKitVAE:
     # image VAEs: one ratio; video VAEs: (frames, h, w) as core's, frame counts by core's formulas
     @property
     def downscale_ratio(self):
-        s, r = self.handle.caps.spatial_ratio_packed, self.handle.caps.temporal_ratio
-        return (lambda a: max(0, (a + r - 1) // r), s, s) if r else s
+        h, s = self.handle, self.handle.caps.spatial_ratio_packed
+        return (lambda a: max(0, h.latent_frames_for(a)), s, s) if h.is_video else s
 
     @property
     def upscale_ratio(self):
-        s, r = self.handle.caps.spatial_ratio_packed, self.handle.caps.temporal_ratio
-        return (lambda a: max(0, r * a - (r - 1)), s, s) if r else s
+        h, s = self.handle, self.handle.caps.spatial_ratio_packed
+        return (lambda a: max(0, h.frames_for(a)), s, s) if h.is_video else s
 
     @property
     def downscale_index_formula(self):
@@ -95,7 +95,7 @@ class VAEKitVAE:
         x = image_to_bchw(pixels)
         if not self.handle.is_video:
             return x
-        return images_to_clips(x, self.handle.caps.temporal_ratio, one_clip=not not_video)
+        return images_to_clips(x, self.handle.caps.temporal_ratio, one_clip=not not_video, engine=self.handle)
 
     def decode(self, samples: torch.Tensor, vae_options: Optional[dict] = None) -> torch.Tensor:
         _comfy.prepare(self.handle, "decode", samples.shape)

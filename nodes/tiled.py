@@ -13,7 +13,8 @@ from .socket import as_engine
 _TILE = ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32,
                  "tooltip": "Tile size in pixels. Each tile covers about this much plus the overlap it shares with "
                             "its neighbours; an image no larger than this is processed in one untiled pass. "
-                            "Smaller tiles use less memory."})
+                            "Smaller tiles use less memory. MiniMax H3 runs its own tiles (256 px, part of the "
+                            "model's definition) whatever is set here."})
 _OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
                     "tooltip": "Pixels shared by neighbouring tiles and blended (at most half the tile). "
                                "More overlap hides seams better and costs a little more time."})
@@ -27,8 +28,8 @@ _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4, "advanced"
                                 "memory); others blend overlapping tiles, approximately: an LTX-2 "
                                 "decoder frame depends on 22 latent frames (176 frames; LTX-2.3: 14, 112 frames; "
                                 "LTX-2.5's diffusion decoder: about 18) either way, so frames nearer a tile edge "
-                                "than that differ from one pass. Ignored "
-                                "by image VAEs."})
+                                "than that differ from one pass. Ignored by image VAEs and by MiniMax H3 (17-frame "
+                                "clips and 7-latent chunks are part of its definition)."})
 _TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4, "advanced": True,
                              "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs (at least one "
                                         "latent frame: a later tile's first latent frame is context only, its frames "
@@ -65,7 +66,8 @@ _MODE = (["exact", "fast"], {"default": "exact",
                                "tiles on the CPU while a GPU runs the others. fast: independent tiles blended in "
                                "their overlap: "
                                "faint seams (and flicker in video) where tiles meet, for somewhat less time and "
-                               "memory than exact."})
+                               "memory than exact. MiniMax H3: both modes give its own definition (its blended "
+                               "256 px tiles in 17-frame clips), which is what its reference computes."})
 _BUDGET = ("FLOAT", {"default": 0.0, "min": 0.0, "max": 4096.0, "step": 0.25, "advanced": True,
                      "tooltip": "Memory budget in GB (2^30 bytes) for this node's work on the VAE's device. The "
                                 "planner measures the work on the meta device first and picks the largest tile "
@@ -147,7 +149,7 @@ class VAEKitTiledEncode:
                              f"{tuple(pixels.shape) if torch.is_tensor(pixels) else ''}.", input="pixels")
         x = image_to_bchw(pixels)
         if getattr(engine, "is_video", False):      # the IMAGE batch is one clip, as core's VAE Encode
-            x = images_to_clips(x, _temporal_ratio(engine))
+            x = images_to_clips(x, _temporal_ratio(engine), engine=engine)
         frames = _temporal_tile(engine, temporal_size)
         need = _prepare(engine, "encode", x.shape, tile=tile_size, overlap=overlap, tile_frames=frames, mode=mode)
         z = _call(engine, devices, "encode", x, tile=tile_size, overlap=overlap, tile_frames=frames,

@@ -20,6 +20,9 @@ class Row:
     ratios: tuple[int, int]
     reference: Callable[[], torch.nn.Module]
     spec_id: Optional[str] = None          # default: the row's name
+    # the family tiles as part of its definition (Capabilities.own_tiling): tile sizes a call gives
+    # are not used, so the shared tests of user tiles do not apply (its own tests cover its tiles)
+    own_tiles: bool = False
 
 
 def _diffusers():
@@ -53,6 +56,20 @@ def _hunyuan_video():
     return m
 
 
+def _minimax():
+    """Its layer scales and register tokens start at zero in diffusers (the blocks would add nothing):
+    random here, seeded, so the ViT's blocks are in every comparison."""
+    m = _diffusers().AutoencoderKLMiniMaxH3(
+        block_out_channels=(32,) * 6, layers_per_block=1, decoder_num_layers=2, decoder_num_attention_heads=2,
+        decoder_attention_head_dim=64)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith(("scale1", "scale2", "register_tokens")):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    return m
+
+
 # Adding a family to every shared test is one row here.
 ROWS: dict[str, Row] = {
     "mochi": Row((8, 6), lambda: _diffusers().AutoencoderKLMochi(
@@ -82,10 +99,15 @@ ROWS: dict[str, Row] = {
     "ltx_diffusion": Row((32, 8), lambda: ltx_diffusion_common.reference()),
     # the published structure (4 levels, time resampled in the middle two), narrow; not diffusers (see _seedvr2)
     "seedvr2": Row((8, 4), _seedvr2),
+    # the published structure (6 encoder levels, 4 of them down-sampling), 32 wide (GroupNorm's 32
+    # groups), and a 2-block ViT of 2 heads of 64
+    "minimax": Row((16, 4), _minimax, own_tiles=True),
 }
 FAMILIES = tuple(ROWS)
 RATIOS = {name: row.ratios for name, row in ROWS.items()}
 SPEC_IDS = {name: row.spec_id for name, row in ROWS.items() if row.spec_id}
+OWN_TILES = tuple(name for name, row in ROWS.items() if row.own_tiles)
+USER_TILED = tuple(name for name in FAMILIES if name not in OWN_TILES)
 
 
 def tiny_reference(family: str) -> torch.nn.Module:

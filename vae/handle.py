@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from . import checks, exact, guard, latents, streaming, tiling
+from . import checks, defined, exact, guard, latents, streaming, tiling
 from .errors import InputError
 from .spec import ArchSpec, Capabilities
 
@@ -93,8 +93,23 @@ class VAE:
         return self.caps.temporal_ratio is not None
 
     def frames_for(self, latent_frames: int) -> int:
-        """Pixel frames a clip of ``latent_frames`` decodes to: 1 + r*(t-1)."""
+        """Pixel frames a clip of ``latent_frames`` decodes to: 1 + r*(t-1), or the model's own rule."""
+        if self.caps.own_tiling is not None:
+            return self.caps.own_tiling.frames(latent_frames)
         return 1 + self.caps.temporal_ratio * (latent_frames - 1)
+
+    def latent_frames_for(self, frames: int) -> int:
+        """Latent frames a clip of ``frames`` encodes to: 1 + (T-1)//r, or the model's own rule."""
+        if self.caps.own_tiling is not None:
+            return self.caps.own_tiling.latents(frames)
+        return (frames - 1) // self.caps.temporal_ratio + 1
+
+    def clip_frames(self, frames: int) -> int:
+        """Of ``frames`` images, how many make the clip an encode takes: 1 + r*k (the rest is dropped,
+        as core's VAE Encode does), or all for a model that pads its own clips."""
+        if self.caps.own_tiling is not None:
+            return frames
+        return 1 + self.caps.temporal_ratio * ((frames - 1) // self.caps.temporal_ratio) if frames else 0
 
     # ---- checks --------------------------------------------------------------------------------
     def check_latent(self, z: torch.Tensor, input: str = "samples") -> torch.Tensor:
@@ -152,7 +167,7 @@ class VAE:
                              input=input)
         x = x[:, : caps.image_channels]
         check_divisible(*x.shape[-2:], caps.spatial_ratio_packed, self.name, input)
-        if self.is_video:
+        if self.is_video and caps.own_tiling is None:       # a model with its own clips pads them itself
             r, t = caps.temporal_ratio, x.shape[2]
             if (t - 1) % r:
                 lo = (t - 1) // r * r + 1
@@ -219,6 +234,9 @@ class VAE:
         works. ``offload``: where exact mode keeps its maps between stages (default ``out_device``)."""
         z = self.check_latent(z)
         _check_mode(mode)
+        if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
+            return defined.decode(self, z, options, progress, out_device, budget, tile=tile, overlap=overlap,
+                                  tile_frames=tile_frames, overlap_frames=overlap_frames)
         opts = self.decode_options(options)
         fn = self.decode_fn(**opts)
         with torch.inference_mode(), guard.Guard(self, "decode", fn) as g:
@@ -353,6 +371,8 @@ class VAE:
         """Device bytes a call on an input of ``shape`` needs on the compute device (one tile of one chunk
         at its peak; exact tiles that meet: all of them), measured on the meta device (vae/budget.py,
         vae/memory.py); None if it cannot be measured. For memory managers."""
+        if self.caps.own_tiling is not None:       # hook: one unit of the model's own plan
+            return defined.memory_needed(self, shape, op)
         from . import budget
         call = self.call_for(op, shape, tile, overlap, tile_frames, overlap_frames, mode)
         try:
@@ -378,6 +398,9 @@ class VAE:
         the model family's LATENTs are). ``mode``, ``budget`` and ``offload`` as for decode."""
         x = self.check_image(x)
         _check_mode(mode)
+        if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
+            return defined.encode(self, x, progress, out_device, budget, tile=tile, overlap=overlap,
+                                  tile_frames=tile_frames, overlap_frames=overlap_frames)
         r = self.caps.spatial_ratio
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:

@@ -9,8 +9,8 @@ While fused, ``state_dict()`` still shows the canonical ``q/k/v`` keys (and ``lo
 takes them), so saving or reloading a fused model gives the files every loader knows.
 
 Mochi's temporal attention already keeps one ``qkv`` Linear in its canonical layout, as does every
-module that says so (``fused_qkv = True``: LTX-2.5's neighbourhood attention); TAESD, LTX-Video and
-Magvit V5.1 have no attention at all: both are reported, never an error."""
+module whose class says so (``fused_qkv = True``: LTX-2.5's neighbourhood attention, MiniMax H3's ViT
+blocks); TAESD, LTX-Video and Magvit V5.1 have no attention at all: both are reported, never an error."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -40,6 +40,9 @@ class Capabilities:
     # extra keyword inputs model.decode() accepts, e.g. LTX 0.9.1+: ("timestep", "noise_scale", "seed")
     decode_options: tuple[str, ...] = ()
     working_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
+    # a model whose reference tiles as part of its definition (MiniMax H3): its tiles and chunks are
+    # the result, so the engines run exactly those (vae/defined.py) and take their frame rules
+    own_tiling: Optional[Any] = None
 
     @property
     def latent_channels_packed(self) -> int:

@@ -12,7 +12,7 @@ import vae
 from helpers import diffusers_kl
 from vae import budget, exact, memory, park
 from vae.errors import InputError
-from video_families import FAMILIES
+from video_families import USER_TILED
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,7 +31,7 @@ def _major(v, x, decode: bool, chunks=None) -> bool:
         return exact.tile_major(fn, v.model, x, *((1, r) if decode else (r, 1)), chunks)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", USER_TILED)        # own tiles: exact = its definition (test_minimax.py)
 def test_tile_major_order_equals_one_pass_for_every_family_that_allows_it(loaded, family):
     """Tile after tile, each through all its chunks with its own caches, maps between stages: the
     one-pass result, both ways. A family whose tiles share GroupNorm statistics cannot (and says so)."""

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 import mage_tiny
 from helpers import ROOT, diffusers_kl, diffusers_qwen21
-from video_families import FAMILIES, RATIOS, tiny_state_dict
+from video_families import FAMILIES, OWN_TILES, RATIOS, tiny_state_dict
 
 import vae
 
@@ -59,6 +59,9 @@ def _cases(d) -> tuple[list[dict], dict]:
         s, r = RATIOS[family]
         z = torch.randn(1, v.caps.latent_channels, 3, 4, 4, generator=g)
         x = torch.rand(1, 3, 1 + 2 * r, 4 * s, 4 * s, generator=g)
+        if family in OWN_TILES:     # its own units (2 chunks x 2x2 tiles of 256 px; 2x2 encode tiles) are shared
+            z = torch.randn(1, v.caps.latent_channels, 8, 18, 17, generator=g)
+            x = torch.rand(1, 3, 1, 18 * s, 17 * s, generator=g)
         add(f"{family}-decode", path, "decode", z, tile=2 * s)
         add(f"{family}-encode", path, "encode", x, tile=2 * s)
         if v.caps.stream_decode:              # each tile streams its chunks through its causal caches

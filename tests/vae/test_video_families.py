@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vae
-from video_families import FAMILIES, RATIOS, SPEC_IDS, tiny_state_dict
+from video_families import FAMILIES, OWN_TILES, RATIOS, SPEC_IDS, USER_TILED, tiny_state_dict
 
 
 def test_each_family_is_detected_as_itself_in_every_layout_we_hold(loaded):
@@ -26,7 +26,7 @@ def _count_tiles(v, z, **kw):
     return out, calls[-1]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", USER_TILED)
 def test_threshold_at_min_tile_size_per_axis(loaded, family):
     """At min // ratio latents an axis is one pass (equal to the untiled decode); at +1 it is tiled.
     A model that streams in chunks of its own by default (Wan) runs those chunks when time is not
@@ -44,6 +44,21 @@ def test_threshold_at_min_tile_size_per_axis(loaded, family):
     for kw in (dict(tile=2 * s, overlap=s), dict(tile_frames=2 * r, overlap_frames=r)):
         out, n = _count_tiles(v, z, **kw)
         assert n > 1 and out.shape == full.shape, kw
+
+
+@pytest.mark.parametrize("family", OWN_TILES)
+def test_own_tiles_are_not_tiled_again(loaded, family):
+    """A family whose tiles are its definition runs its own units whatever tiles a call gives (the
+    same result, the same number of units), in both directions and in either mode."""
+    v = loaded[family]
+    s, r = RATIOS[family]
+    z = torch.randn(1, v.caps.latent_channels, 3, 3, 3)
+    full, n_full = _count_tiles(v, z)
+    for kw in (dict(tile=2 * s, overlap=s), dict(tile_frames=2 * r, overlap_frames=r), dict(tile=2 * s, mode="exact")):
+        out, n = _count_tiles(v, z, **kw)
+        assert n == n_full and torch.equal(out, full), kw
+    x = torch.rand(1, 3, 9, 3 * s, 3 * s)
+    assert torch.equal(v.encode(x, tile=2 * s, overlap=s, mode="exact"), v.encode(x))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -157,13 +157,16 @@ _RESAMPLER_PART = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.(downsample|u
 
 def detect_video_ldm(sd, to_canonical, parts: re.Pattern, resnet_norm: re.Pattern, resampler_ok) -> bool:
     """The video LDM skeleton's test (HunyuanVideo 1.0 and 1.5): a 5-D ``conv_in``, in the canonical
-    names every key under ``parts``, some resnet norm key matching ``resnet_norm``, and resampler
-    convs, every one of which ``resampler_ok`` accepts."""
+    names every key under ``parts``, some resnet norm key matching ``resnet_norm``, a mid block (MiniMax
+    H3's encoder is otherwise alike and has none), and resampler convs, every one of which
+    ``resampler_ok`` accepts."""
     w = _conv_in(sd)
     if w is None or w.dim() != 5:
         return False
     sd = to_canonical(sd)
     if not all(parts.match(k) for k in sd) or not any(resnet_norm.match(k) for k in sd):
+        return False
+    if not any(k.startswith(("encoder.mid.", "decoder.mid.")) for k in sd):
         return False
     resamplers = [v for k, v in sd.items() if _RESAMPLER.match(k)]
     if any(_RESAMPLER_PART.match(k) for k in sd):     # a resampler here is one conv (SeedVR2's add more)

@@ -58,10 +58,12 @@ LevelFactory = Callable[[int, list, Optional[nn.Module], str], nn.Module]
 
 
 class Encoder(nn.Module):
-    """``base``: the width of ``conv_in`` (LDM's ``ch``; the first level's width unless ``ch_mult[0] != 1``)."""
+    """``base``: the width of ``conv_in`` (LDM's ``ch``; the first level's width unless ``ch_mult[0] != 1``).
+    ``mid``: whether a mid block follows the levels (MiniMax H3's encoder has none)."""
 
     def __init__(self, base: int, widths: Sequence[int], num_res_blocks: int, in_channels: int,
-                 out_channels: int, ops: Ops, downsample: ResampleFactory, level: LevelFactory = Level):
+                 out_channels: int, ops: Ops, downsample: ResampleFactory, level: LevelFactory = Level,
+                 mid: bool = True):
         super().__init__()
         self.conv_in = ops.conv(in_channels, base)
         self.down = nn.ModuleList()
@@ -74,7 +76,7 @@ class Encoder(nn.Module):
             down = downsample(i, w)
             self.down.append(level(i, blocks, down, "downsample"))
             cin = getattr(down, "out_channels", cin)
-        self.mid = ops.mid(cin)
+        self.mid = ops.mid(cin) if mid else None
         self.norm_out = ops.norm(cin)
         self.conv_out = ops.conv(cin, out_channels)
 
@@ -82,7 +84,8 @@ class Encoder(nn.Module):
         h = self.conv_in(x)
         for level in self.down:
             h = level(h)
-        h = self.mid(h)
+        if self.mid is not None:
+            h = self.mid(h)
         return self.conv_out(F.silu(self.norm_out(h), inplace=True))
 
 

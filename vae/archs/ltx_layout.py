@@ -48,8 +48,9 @@ def detect(sd: Mapping[str, torch.Tensor]) -> bool:
     video = conv_in is not None and conv_in.dim() == 5
     if any(k.startswith(STATS) for k in sd):
         return video
-    # diffusers: the only video VAEs with latents_mean/std buffers (LTXVideo and LTX2Video)
-    return "latents_mean" in sd and "latents_std" in sd and video
+    # diffusers: the only diffusers video VAEs with latents_mean/std buffers (LTXVideo and LTX2Video);
+    # MiniMax H3's files keep them too, but in the original's names (no resnets / mid_block)
+    return "latents_mean" in sd and "latents_std" in sd and video and _is_diffusers(k for k in sd if "latents_" not in k)
 
 
 def _is_diffusers(keys) -> bool:
