@@ -8,7 +8,8 @@ Core's nodes call ``vae.encode`` (and read ``latent_channels``, ``spacial_compre
 ``downscale_index_formula``) on whatever arrives on their VAE socket. This runs those nodes from core's
 own code, once with core's ``comfy.sd.VAE`` and once with our ``VAEKitVAE``, both from the same file
 (random weights at the published config, a fixed seed, in the layout core's files have), and prints the
-max abs difference of every tensor they return; then core's ``VAEDecode`` of the node's latent.
+max abs difference of every tensor they return; then core's ``VAEDecode`` of the node's latent (up to
+32x32 latent pixels) and of its first latent frame.
 Per family (a node this core does not have is reported as absent):
   wan               WanImageToVideo, WanFirstLastFrameToVideo (start/end images -> concat_latent_image),
                     TextEncodeQwenImageEdit (Qwen-Image's VAE is Wan 2.1's; a stand-in CLIP)
@@ -183,7 +184,8 @@ def worker(a) -> None:
             with torch.inference_mode():
                 res = fn(v)
                 main = next(iter(res.values()))
-                if main.dim() in (4, 5) and main.shape[1] == v.latent_channels:   # core's VAE Decode of it
+                # core's VAE Decode of it (not of Qwen's ~1 MP reference latent: minutes on a CPU)
+                if main.dim() in (4, 5) and main.shape[1] == v.latent_channels and main.shape[-2:].numel() <= 1024:
                     res["decoded"] = nodes.VAEDecode().decode(v, {"samples": main})[0]
                     if main.dim() == 5 and main.shape[2] > 1:                     # and of its first frame
                         res["decoded_frame0"] = nodes.VAEDecode().decode(v, {"samples": main[:, :, :1]})[0]
