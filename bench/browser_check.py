@@ -126,9 +126,11 @@ def check(driver, url: str, info: dict, path: Path, shots: Path, timeout: float)
     if unknown or seen["errors"] or seen["rejected"]:
         return {**row, "note": f"unknown {unknown}, flagged {seen['errors']}, rejected widget values {seen['rejected']}"}
     row["loaded"] = True
-    # a fresh cache (the server resets it on this flag), so that the first queue runs every node
-    _post(f"{url}/free", {"unload_models": True, "free_memory": True})
-    time.sleep(1)
+    # a fresh cache, so that the first queue runs every node: the server resets it on this flag when its
+    # worker wakes; a flag set while the worker is busy waits for the next prompt, so it is set twice
+    for _ in range(2):
+        _post(f"{url}/free", {"unload_models": True, "free_memory": True})
+        time.sleep(1)
     t0 = time.time()
     hist = _queue(driver, url, timeout)
     row["run_s"] = time.time() - t0
