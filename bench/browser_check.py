@@ -5,17 +5,22 @@
 
 Needs Chromium and its driver (Debian: `chromium`, `chromium-driver`) and `selenium` for this python;
 ComfyUI's venv needs `comfyui-frontend-package`. The server is the one `run_in_comfyui.py` starts (a
-fresh base directory with the demo files and tiny random-weight VAEs under the names the graphs use).
-Per workflow: `app.loadGraphData(file)`; every node type must be known to the server and no node
-flagged with errors; every combo widget must hold one of its choices (a value the frontend would
-reject); the graph is queued from the page (`app.queuePrompt`) and must end in success in /history;
-a screenshot is saved. Then the round trip is queued again unchanged: ComfyUI must serve the decode
-from its cache (the `execution_cached` message lists it), as a graph without randomizing widgets
-allows. Exit status 1 on any failure.
+fresh base directory with the demo files and tiny random-weight VAEs under the names the graphs use;
+the pack linked into its custom_nodes). First our nodes as the server describes them (`/object_info`:
+V3 schemas where the core has comfy_api.latest) against their V1 declarations (`INPUT_TYPES`,
+`RETURN_TYPES`/`RETURN_NAMES` read in this python): same inputs in the same order with the same
+options, same outputs. Then per workflow: `app.loadGraphData(file)`; every node type must be known to
+the server and no node flagged with errors; every combo widget must hold one of its choices (a value
+the frontend would reject); after a POST /free that resets the server's cache (so every node runs),
+the graph is queued from the page (`app.queuePrompt`) and must end in success in /history; a
+screenshot is saved; then it is queued again unchanged and every node must be served from ComfyUI's
+cache (the `execution_cached` message lists it; no graph has a randomizing widget). Columns: loaded,
+ran (seconds), cached (nodes cached / nodes, seconds). Exit status 1 on any failure.
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -103,25 +108,93 @@ def _cached(hist: dict) -> set:
             for n in m.get("nodes", [])}
 
 
-def check(driver, url: str, info: dict, path: Path, shots: Path, timeout: float) -> tuple[bool, str]:
+def _errors(hist: dict) -> str:
+    msgs = [m[1].get("exception_message", "") for m in hist.get("status", {}).get("messages", [])
+            if m[0] == "execution_error"]
+    return f": {msgs[0][:300]}" if msgs else ""
+
+
+def check(driver, url: str, info: dict, path: Path, shots: Path, timeout: float) -> dict:
+    """One UI workflow: {loaded, ran, run_s, cached, cached_s, note}."""
+    row = {"loaded": False, "ran": False, "run_s": 0.0, "cached": "-", "cached_s": 0.0, "note": ""}
     graph = json.loads(path.read_text())
     _open(driver, url)
     seen = driver.execute_async_script(LOAD, graph)
     if "failed" in seen:
-        return False, f"loadGraphData failed: {seen['failed']}"
+        return {**row, "note": f"loadGraphData failed: {seen['failed']}"}
     unknown = sorted(set(seen["types"]) - set(info))
     if unknown or seen["errors"] or seen["rejected"]:
-        return False, f"unknown {unknown}, flagged {seen['errors']}, rejected widget values {seen['rejected']}"
+        return {**row, "note": f"unknown {unknown}, flagged {seen['errors']}, rejected widget values {seen['rejected']}"}
+    row["loaded"] = True
+    # a fresh cache, so that the first queue runs every node: the server resets it on this flag when its
+    # worker wakes; a flag set while the worker is busy waits for the next prompt, so it is set twice
+    for _ in range(2):
+        _post(f"{url}/free", {"unload_models": True, "free_memory": True})
+        time.sleep(1)
     t0 = time.time()
     hist = _queue(driver, url, timeout)
+    row["run_s"] = time.time() - t0
     status = hist.get("status", {}).get("status_str", "timeout")
     time.sleep(1)                                   # let the page draw the outputs
     if shots:
         shots.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(shots / f"{path.stem}.png"))
-    errors = [m[1].get("exception_message", "") for m in hist.get("status", {}).get("messages", [])
-              if m[0] == "execution_error"]
-    return status == "success", f"{status} in {time.time() - t0:.1f} s" + (f": {errors[0][:300]}" if errors else "")
+    if status != "success":
+        return {**row, "note": status + _errors(hist)}
+    row["ran"] = True
+    if _cached(hist):
+        row["note"] = f"first run took {sorted(_cached(hist))} from the cache; "
+    # the same graph again, unchanged: ComfyUI must serve every node from its cache
+    t0 = time.time()
+    again = _queue(driver, url, timeout)
+    row["cached_s"] = time.time() - t0
+    nodes = set(hist.get("prompt", [None, None, {}])[2])
+    cached = _cached(again) & nodes
+    ok = again.get("status", {}).get("status_str") == "success" and cached == nodes and nodes
+    row["cached"] = f"{len(cached)}/{len(nodes)}"
+    row["cached_ok"] = bool(ok)
+    if not ok:
+        row["note"] += f"re-queue {again.get('status', {}).get('status_str', 'timeout')}, ran again: " \
+                      f"{sorted(nodes - cached)}{_errors(again)}"
+    return row
+
+
+def _delta(v1: tuple, served: tuple) -> str:
+    """What differs between two normalised inputs: section, name, type, then option by option."""
+    parts = [f"{what} {a!r} vs {b!r}" for what, a, b in zip(("section", "name", "type"), v1[:3], served[:3]) if a != b]
+    parts += [f"{k} {v1[3].get(k)!r} vs {served[3].get(k)!r}" for k in sorted(set(v1[3]) | set(served[3]))
+              if v1[3].get(k) != served[3].get(k)]
+    return ", ".join(parts) + " (V1 vs served)"
+
+
+def v3_vs_v1(info: dict, base: Path) -> bool:
+    """Our nodes in /object_info against the V1 declarations (model folders: the server's)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    os.environ["VAEKIT_MODEL_DIRS"] = str(base / "models")
+    from check_core_nodes import _pack
+    from check_v3 import _normal
+    _pack()
+    from vaekit.nodes import NODE_CLASS_MAPPINGS as v1
+    ok_all = True
+    for name, node in v1.items():
+        served = info.get(name)
+        if served is None:
+            print(f"{name:<24} NOT in /object_info")
+            ok_all = False
+            continue
+        ours, theirs = _normal(node.INPUT_TYPES()), _normal(served["input"])
+        order = [n for sec in ("required", "optional") for n in served.get("input_order", {}).get(sec, [])]
+        diffs = [f"{a[1]}: {_delta(a, b)}" for a, b in zip(ours, theirs) if a != b] + \
+            ([f"{len(ours)} inputs vs {len(theirs)}"] if len(ours) != len(theirs) else []) + \
+            ([f"input_order {order}"] if order and order != [x[1] for x in ours] else [])
+        outs = (list(served["output"]), list(served.get("output_name", [])))
+        want = (list(node.RETURN_TYPES), list(getattr(node, "RETURN_NAMES", node.RETURN_TYPES)))
+        if outs != want:
+            diffs.append(f"outputs {outs} != {want}")
+        ok_all &= not diffs
+        print(f"{name:<24} {len(theirs)} inputs, {len(outs[0])} outputs: "
+              + ("same as V1" if not diffs else "DIFFERS from V1: " + "; ".join(diffs)[:600]))
+    return ok_all
 
 
 def main() -> int:
@@ -142,23 +215,16 @@ def main() -> int:
                           for sec in ("required", "optional") for n, d in v["input"].get(sec, {}).items()
                           if len(d) > 1 and isinstance(d[1], dict) and d[1].get("advanced"))
         print(f"inputs the server marks advanced: {', '.join(advanced)}")
+        print("\n/object_info of our nodes vs their V1 declarations")
+        ok_all &= v3_vs_v1(info, base)
         driver = _browser(url, a.vue_nodes)
         try:
-            print(f"{'workflow':<40} {'ok':<4} result")
+            print(f"\n{'workflow':<40} {'loaded':<7} {'ran':<4} {'s':>6}  {'cached':<7} {'s':>5}  note")
             for path in paths:
-                ok, note = check(driver, url, info, path, a.screenshots, a.timeout)
-                ok_all &= ok
-                print(f"{path.stem:<40} {'yes' if ok else 'NO':<4} {note}", flush=True)
-            # the cache: the same graph queued twice in a row runs its decode once
-            driver.execute_async_script(LOAD, json.loads((ROOT / "workflows" / "image_tiled_roundtrip.json").read_text()))
-            first, again = _queue(driver, url, a.timeout), _queue(driver, url, a.timeout)
-            decode = [nid for nid, n in json.loads((ROOT / "workflows" / "image_tiled_roundtrip_api.json")
-                                                  .read_text()).items() if n["class_type"] == "VAEKitTiledDecode"]
-            cached = _cached(again)
-            ok = set(decode) <= cached and again.get("status", {}).get("status_str") == "success"
-            ok_all &= ok
-            print(f"{'re-queue image_tiled_roundtrip unchanged':<40} {'yes' if ok else 'NO':<4} "
-                  f"cached nodes {sorted(cached)} (decode is node {decode[0]}; first run cached {sorted(_cached(first))})")
+                r = check(driver, url, info, path, a.screenshots, a.timeout)
+                ok_all &= r["loaded"] and r["ran"] and r.get("cached_ok", False)
+                print(f"{path.stem:<40} {'yes' if r['loaded'] else 'NO':<7} {'yes' if r['ran'] else 'NO':<4} "
+                      f"{r['run_s']:>6.1f}  {r['cached']:<7} {r['cached_s']:>5.1f}  {r['note']}", flush=True)
         finally:
             driver.quit()
     return 0 if ok_all else 1

@@ -32,6 +32,8 @@ def _normal(spec: dict) -> list:
             if kind == "COMBO":
                 kind = opts.pop("options")
                 opts.pop("multiselect", None)
+            if opts.get("multiline") is False:      # V3 strings state the frontend's default
+                del opts["multiline"]
             out.append((section, name, kind, opts))
     return out
 

@@ -73,6 +73,17 @@ class VAEKitVAE:
     def temporal_compression_decode(self):
         return self.handle.caps.temporal_ratio
 
+    # core's memory hooks (comfy.sd.VAE's; code that plans around a VAE reads them): what a call on an
+    # input of ``shape`` (model layout, as core passes it) needs on the compute device, measured for our
+    # architecture; ``dtype`` is the handle's own (core passes its vae_dtype)
+    handles_tiling = True       # our engines tile and stream inside encode/decode
+
+    def memory_used_decode(self, shape, dtype=None) -> int:
+        return self.handle.memory_needed(tuple(shape), "decode") or 0
+
+    def memory_used_encode(self, shape, dtype=None) -> int:
+        return self.handle.memory_needed(tuple(shape), "encode") or 0
+
     def throw_exception_if_invalid(self) -> None:
         return None
 

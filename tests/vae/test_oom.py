@@ -114,3 +114,18 @@ def test_the_comfyui_path_tells_the_memory_manager(pack, loaded, monkeypatch):
     z = torch.randn(1, 16, 3, 12, 12)          # 96 px: tiled by the widget's smallest tile
     dec.decode({"samples": z}, VAEKitVAE(handle), tile_size=64, overlap=8, temporal_size=64, temporal_overlap=8)
     assert calls[-1]["memory_required"] == handle.memory_needed(z.shape, tile=64, overlap=8, tile_frames=4, mode="exact") > 0
+
+
+
+def test_core_memory_hooks_on_our_vae_answer_with_our_measurement(pack):
+    """Core's ``comfy.sd.VAE`` memory hooks, asked of our VAE on a socket (model-layout shapes, as core
+    passes them): the need measured for our architecture, and tiling handled inside."""
+    from vaekit.nodes.socket import VAEKitVAE
+    from vaekit.vae import from_state_dict
+    from video_families import tiny_state_dict
+    handle = from_state_dict(tiny_state_dict("wan"))
+    v = VAEKitVAE(handle)
+    assert v.handles_tiling is True
+    assert v.memory_used_decode((1, 16, 3, 8, 8), torch.float32) == handle.memory_needed((1, 16, 3, 8, 8)) > 0
+    assert v.memory_used_encode((1, 3, 9, 64, 64), torch.float32) == handle.memory_needed((1, 3, 9, 64, 64), "encode") > 0
+    assert v.memory_used_decode((1, 16, 6, 16, 16)) > v.memory_used_decode((1, 16, 3, 8, 8))

@@ -1,11 +1,13 @@
 """The UI workflows in ComfyUI's real frontend (headless Chromium): loaded with no unknown node, no
 flagged node and no rejected widget value, queued from the page to success, and an unchanged re-queue
-served from ComfyUI's cache. Runs bench/browser_check.py; skipped unless a browser, its driver,
-selenium and a ComfyUI (COMFYUI_DIR, COMFYUI_PYTHON) are here. All workflows: run the script itself."""
+served from ComfyUI's cache; our nodes in /object_info the same as their V1 declarations. Runs
+bench/browser_check.py; skipped unless a browser, its driver, selenium and a ComfyUI (COMFYUI_DIR,
+COMFYUI_PYTHON) are here. All workflows: run the script itself (or bench/check_comfyui.py)."""
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,4 +29,7 @@ def test_workflows_in_the_real_frontend():
                           capture_output=True, text=True, timeout=900, cwd=ROOT / "bench")
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert proc.stdout.count(" yes ") == 4          # three graphs and the cached re-queue
+    # each graph: loaded, ran, and its unchanged re-queue served wholly from the cache (n/n nodes)
+    rows = re.findall(r"^(\S+)\s+yes\s+yes\s+[\d.]+\s+(\d+)/(\d+)\s", proc.stdout, re.M)
+    assert len(rows) == 3 and all(c == n for _, c, n in rows), proc.stdout
+    assert proc.stdout.count("same as V1") == 5
