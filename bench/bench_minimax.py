@@ -44,10 +44,8 @@ def _fns(a, path: Path):
         import comfy.sd
         import comfy.utils
         if a.worker == "core_newer":
-            ns: dict = {}
-            exec(compile(Path(a.newer_tiled_decode).read_text(), a.newer_tiled_decode, "exec"), ns)
-            mm.MiniMaxH3VideoVAE._decode_tile_row = ns["_decode_tile_row"]
-            mm.MiniMaxH3VideoVAE.tiled_decode = ns["tiled_decode"]
+            from compare_core_minimax import newer_tiled_decode
+            newer_tiled_decode(mm, a.newer_tiled_decode)
         v = comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(path)))
         return (lambda z: v.decode(z).movedim(-1, 1), lambda x: v.encode(x[0].movedim(0, -1)),
                 v.first_stage_model)

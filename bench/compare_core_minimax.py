@@ -56,6 +56,17 @@ CASES = {
 }
 
 
+
+def newer_tiled_decode(mm, path: str) -> None:
+    """Put core 0.38.1's tiled decode (PR #16436: ``_decode_tile_row`` and ``tiled_decode``, a file the
+    user gives, imported as a module) on 783545f6's MiniMax H3 class, the reference for our default."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("minimax_newer_tiled_decode", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    mm.MiniMaxH3VideoVAE._decode_tile_row = module._decode_tile_row
+    mm.MiniMaxH3VideoVAE.tiled_decode = module.tiled_decode
+
 def random_weights(fields: dict, dtype=torch.float32) -> dict:
     """Canonical (ComfyUI-layout) weights of the config ``fields``: per tensor a generator seeded by
     its name; scales chosen so activations stay O(1) and decoded pixels mostly inside 0..1. Plus
@@ -98,10 +109,7 @@ def _core_model(a, weights: dict):
     comfy_args.cpu = True                       # before comfy.model_management is imported
     import comfy.ldm.minimax.vae as mm
     if a.newer_tiled_decode:                    # PR #16436's tiled decode on the same class
-        ns: dict = {}
-        exec(compile(Path(a.newer_tiled_decode).read_text(), a.newer_tiled_decode, "exec"), ns)
-        mm.MiniMaxH3VideoVAE._decode_tile_row = ns["_decode_tile_row"]
-        mm.MiniMaxH3VideoVAE.tiled_decode = ns["tiled_decode"]
+        newer_tiled_decode(mm, a.newer_tiled_decode)
     if a.size != "tiny":
         import comfy.sd
         v = comfy.sd.VAE(sd=weights)

@@ -74,3 +74,12 @@ class ArchSpec:
     # the models whose LATENTs this family decodes, by (channels, rank) (rank 4: image [B, C, h, w],
     # 5: video), for error messages that name the model a wrong latent came from
     latent_hints: tuple[tuple[int, int, str], ...] = ()
+
+
+def describe(name: str, latent_channels: int, has_encoder: bool = True, has_decoder: bool = True,
+             *notes: str) -> str:
+    """A loaded VAE's one line: its name, latent channels, ``notes``, and the half a one-sided file has."""
+    extra = [f"{latent_channels} latent channels", *notes]
+    if not has_encoder or not has_decoder:
+        extra.append("decoder only" if has_decoder else "encoder only")
+    return f"{name} ({', '.join(extra)})"

@@ -235,9 +235,14 @@ def test_a_damaged_part_names_what_is_missing(family, state_dicts):
             if key not in str(e) and not (alone and "is incomplete" in str(e)):
                 bad.append(f"{key}: {e}")
             continue
-        if not key.endswith("num_batches_tracked"):
+        if not key.endswith("num_batches_tracked") and key not in DEFAULTED.get(family, ()):
             bad.append(f"{key}: loaded")
     assert bad == []
+
+
+# tensors a layout fills in with published values where a file has none, as ComfyUI does
+# (MiniMax H3's latent statistics: its fp16 files carry none, its int8 ones do)
+DEFAULTED = {"minimax": ("latents_mean", "latents_std")}
 
 
 def test_the_message_counts_what_is_here(state_dicts):

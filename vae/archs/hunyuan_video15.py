@@ -41,6 +41,7 @@ from ..nn.attention import SpatialSelfAttention
 from ..nn.causal import CausalConv3d
 from ..nn.norm import ChannelL2Norm
 from ..run import Seam, Streamable, streaming
+from .. import spec
 from ..spec import ArchSpec, Capabilities
 from . import hunyuan_video15_layout as layout
 from . import ldm
@@ -211,10 +212,7 @@ def capabilities(cfg: HunyuanVideo15Config) -> Capabilities:
 
 
 def describe(cfg: HunyuanVideo15Config) -> str:
-    extra = [f"{cfg.latent_channels} latent channels"]
-    if not cfg.has_encoder or not cfg.has_decoder:
-        extra.append("decoder only" if cfg.has_decoder else "encoder only")
-    return f"HunyuanVideo 1.5 VAE ({', '.join(extra)})"
+    return spec.describe("HunyuanVideo 1.5 VAE", cfg.latent_channels, cfg.has_encoder, cfg.has_decoder)
 
 
 SPEC = ArchSpec(id="hunyuan_video15", name="HunyuanVideo 1.5 VAE", detect=layout.detect,

@@ -41,6 +41,7 @@ from ..errors import InputError
 from ..nn.causal import CausalConv3d
 from ..nn.norm import FrameGroupNorm
 from ..nn.quant import Int8Linear
+from .. import spec
 from ..spec import ArchSpec, Capabilities
 from . import ldm
 from . import minimax_layout as layout
@@ -367,12 +368,8 @@ def capabilities(cfg: MiniMaxConfig) -> Capabilities:
 
 
 def describe(cfg: MiniMaxConfig) -> str:
-    extra = [f"{cfg.latent_channels} latent channels"]
-    if cfg.quantized:
-        extra.append(f"int8 decoder ({len(cfg.quantized)} layers, int8 matmuls)")
-    if not cfg.has_encoder or not cfg.has_decoder:
-        extra.append("decoder only" if cfg.has_decoder else "encoder only")
-    return f"MiniMax H3 video VAE ({', '.join(extra)})"
+    notes = [f"int8 decoder ({len(cfg.quantized)} layers, int8 matmuls)"] if cfg.quantized else []
+    return spec.describe("MiniMax H3 video VAE", cfg.latent_channels, cfg.has_encoder, cfg.has_decoder, *notes)
 
 
 def config_from_state_dict(sd, name_hint: Optional[str] = None) -> MiniMaxConfig:

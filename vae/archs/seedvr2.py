@@ -36,6 +36,7 @@ from ..nn.attention import FrameSelfAttention
 from ..nn.causal import CausalConv3d
 from ..nn.norm import FrameGroupNorm
 from ..run import Seam, Streamable, streaming
+from .. import spec
 from ..spec import ArchSpec, Capabilities
 from . import ldm
 from . import seedvr2_layout as layout
@@ -144,10 +145,7 @@ def capabilities(cfg: SeedVR2Config) -> Capabilities:
 
 
 def describe(cfg: SeedVR2Config) -> str:
-    extra = [f"{cfg.latent_channels} latent channels"]
-    if not cfg.has_encoder or not cfg.has_decoder:
-        extra.append("decoder only" if cfg.has_decoder else "encoder only")
-    return f"SeedVR2 VAE ({', '.join(extra)})"
+    return spec.describe("SeedVR2 VAE", cfg.latent_channels, cfg.has_encoder, cfg.has_decoder)
 
 
 # before HunyuanVideo 1.0 (90): the same LDM-shaped names, whose test refuses SeedVR2's resamplers anyway

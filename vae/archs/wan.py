@@ -46,6 +46,7 @@ from ..nn.causal import CausalConv3d, depth_to_space, frames, patchify, space_to
 from ..nn.norm import ChannelL2Norm
 from ..nn.resnet import conv2d_1x1, conv2d_3x3
 from ..run import Seam, Streamable, streaming
+from .. import spec
 from ..spec import ArchSpec, Capabilities
 from . import ldm
 from . import wan_layout as layout
@@ -244,12 +245,8 @@ def capabilities(cfg: WanConfig) -> Capabilities:
 
 def describe(cfg: WanConfig) -> str:
     name = "Qwen-Image 2.1 VAE" if cfg.image else "Wan 2.2 VAE" if cfg.residual else "Wan 2.1 VAE"
-    extra = [f"{cfg.latent_channels} latent channels"]
-    if cfg.image_channels != 3:
-        extra.append(f"{cfg.image_channels} image channels")
-    if not cfg.has_encoder or not cfg.has_decoder:
-        extra.append("decoder only" if cfg.has_decoder else "encoder only")
-    return f"{name} ({', '.join(extra)})"
+    notes = [f"{cfg.image_channels} image channels"] if cfg.image_channels != 3 else []
+    return spec.describe(name, cfg.latent_channels, cfg.has_encoder, cfg.has_decoder, *notes)
 
 
 SPEC = ArchSpec(id="wan", name="Wan VAE", detect=layout.detect, to_canonical=layout.to_canonical,
