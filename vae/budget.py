@@ -158,8 +158,7 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
             done = chunks[0][-1][1] - chunks[0][0][0]
             total = route.chunks[0][-1][1] - route.chunks[0][0][0]
             maps = int(maps * total / max(done, 1))
-        live = int(m.device * scale)
-        return Prediction(memory.calibrated(live, device), maps, output, live)
+        return Prediction(memory.working(m, device, scale), maps, output, int(m.device * scale))
     # fast: one tile (the largest) of one chunk, streamed where the model streams
     plans = route.plans
     px = 1 if call.decode else handle.caps.spatial_ratio
@@ -173,9 +172,9 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
             span = max(b - a for a, b in plans[0].spans)
             frames = span if call.decode else 1 + handle.caps.temporal_ratio * (span - 1)
         unit.insert(0, frames)
-    live = memory.unit_bytes(handle.model, "decode" if call.decode else "encode", (*lead, *unit), handle.dtype,
-                             2 if route.chunk else 1)
-    return Prediction(memory.calibrated(live, device), 0, output, live)
+    m = memory.unit_bytes(handle.model, "decode" if call.decode else "encode", (*lead, *unit), handle.dtype,
+                          2 if route.chunk else 1)
+    return Prediction(memory.working(m, device), 0, output, m.device)
 
 
 def _candidates(handle, call, max_tile) -> list:

@@ -230,6 +230,7 @@ class _Stages:
                         if last:
                             self.out.write(tile, y, self.chunks[1][c] if self.chunks else None)
                         del y
+                        vram.trim()          # the unit's freed blocks back to the system (memory.trim)
                         done += stage.cost / units
                         if self.progress:          # ComfyUI's interrupt is raised here
                             self.progress(min(units, round(done * units)), units)

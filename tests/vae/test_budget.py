@@ -124,6 +124,20 @@ def test_tracker_counts_live_storage_not_views():
     assert 12000 <= m.device <= 12100      # the input, then at most three 1000-float tensors alive
 
 
+def test_a_convolutions_weight_copy_counts_on_the_cpu_only():
+    """On the CPU every convolution reorders its weight (a transient copy as large as the weight): a
+    wide convolution on a small input needs its weight's bytes again, which no factor over the
+    activations gives (HunyuanVideo 1.5's up-sampler). Devices that make no such copy are not charged."""
+    conv = torch.nn.Conv3d(256, 1024, 3, padding=1).to("meta")
+    weight = conv.weight.numel() * 4                     # 28 MiB
+    x = torch.empty(1, 256, 2, 4, 4, device="meta")
+    m = memory.measure(lambda: conv(x), (x,), conv)
+    assert m.device < weight / 100                       # activations: the input and the output
+    assert weight + m.device - 4 * 2 * 4 * 4 * 1024 <= m.copies <= weight + m.device
+    assert memory.working(m, CPU) >= weight
+    assert memory.working(m, torch.device("cuda")) == memory.calibrated(m.device, torch.device("cuda"))
+
+
 @pytest.mark.parametrize("name", ["wan", "kl"])
 def test_the_plan_never_exceeds_its_budget_and_takes_the_largest_tile_that_fits(loaded, kl, name):
     """Wan on the CPU (tiles one after the other); SD-shape KL planned for a GPU, whose paused tiles wait
