@@ -16,8 +16,11 @@ during the call - RSS after load (the float32 output included: ``output MiB``), 
 time of the call. ``max err`` against the first run of the same direction (0..1 pixels / latents).
 
 Runs: ``ours`` (VAE.decode / encode: the definition's units, ``blend``), ``ours_stitch`` (tiling="stitch"),
-``core`` (comfy.sd.VAE.decode / encode, core 783545f6: ``stitch``), ``core_newer`` (the same with core
-0.38.1's tiled decode grafted from ``--newer-tiled-decode``: ``blend``).
+``core`` (comfy.sd.VAE.decode / encode, core 783545f6: ``stitch``; attention as core picks it on a CPU:
+its sub-quadratic attention), ``core_sdpa`` (the same with ``--use-pytorch-cross-attention``: PyTorch's
+scaled_dot_product_attention, what core picks on NVIDIA GPUs and what ours runs), ``core_newer`` (core
+with core 0.38.1's tiled decode grafted from ``--newer-tiled-decode``: ``blend``). The ``attention``
+column names the function core's MiniMax H3 decoder called.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from pathlib import Path
 from bench_decode import measure
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("ours", "core_newer", "ours_stitch", "core")
+RUNS = ("ours", "core_newer", "ours_stitch", "core", "core_sdpa")
 
 
 def _fns(a, path: Path):
@@ -40,6 +43,7 @@ def _fns(a, path: Path):
         sys.path.insert(0, a.comfyui)
         from comfy.cli_args import args as comfy_args
         comfy_args.cpu = True
+        comfy_args.use_pytorch_cross_attention = a.worker == "core_sdpa"   # read when comfy is imported
         import comfy.ldm.minimax.vae as mm
         import comfy.sd
         import comfy.utils
@@ -70,6 +74,10 @@ def worker(a) -> None:
     if a.worker.startswith("core"):           # see compare_core_minimax.worker: core's int8 path and inference_mode
         torch.inference_mode = torch.no_grad
     measure(fn, x, model, 1, tmp / f"{a.worker}_{a.op}")
+    if a.worker.startswith("core"):           # which attention core's decoder ran (its choice for the device)
+        import comfy.ldm.minimax.vae as mm
+        out = tmp / f"{a.worker}_{a.op}.json"
+        out.write_text(json.dumps({**json.loads(out.read_text()), "attention": mm.optimized_attention.__name__}))
 
 
 def _run(a, name: str, op: str, weights: str) -> dict:
@@ -121,7 +129,8 @@ def main() -> None:
         int8 = tmp / "minimax_h3_video_vae_int8_convrot.safetensors"
         if not int8.exists():
             proc = subprocess.run([a.comfy_python, str(Path(__file__).resolve().parent / "compare_core_minimax.py"),
-                                   "--worker", str(tmp), "--quantize", "--comfyui", a.comfyui],
+                                   "--worker", str(tmp), "--quantize", "--size", "int8",
+                                   "--comfyui", a.comfyui],
                                   capture_output=True, text=True)
             if proc.returncode:
                 sys.exit(f"quantizing failed: {proc.stderr[-2000:]}")
@@ -135,12 +144,12 @@ def main() -> None:
     print(f"MiniMax H3 (published config, random weights, {weights}), {a.frames} frames at {a.width}x{a.height} "
           f"(latent 1x24x{t}x{a.height // 16}x{a.width // 16}), fp32 compute, {a.threads} threads, CPU")
     print(f"{'run':<12} {'op':<7} {'time s':>8} {'cpu s':>8} {'load MiB':>9} {'working MiB':>12} {'output MiB':>11} "
-          f"{'max err':>9}")
+          f"{'max err':>9}  attention")
     for op in a.ops.split(","):
         ref = None
         for name in runs:
-            if op == "encode" and name in ("ours_stitch", "core_newer"):
-                continue                          # encode tiles are stitched in every version
+            if op == "encode" and name in ("ours_stitch", "core_newer", "core_sdpa"):
+                continue                          # encode tiles are stitched in every version; no attention
             r = _run(a, name, op, weights)
             if "error" in r:
                 print(f"{name:<12} {op:<7} FAILED: {r['error']}", flush=True)
@@ -149,7 +158,8 @@ def main() -> None:
             ref = out if ref is None else ref
             err = float(np.abs(out - ref).max()) if out.shape == ref.shape else float("nan")
             print(f"{name:<12} {op:<7} {r['best_s']:>8.1f} {r['cpu_s']:>8.1f} {r['rss_after_load_mib']:>9.0f} "
-                  f"{r['working_set_mib']:>12.0f} {out.size * 4 / 2 ** 20:>11.0f} {err:>9.2e}", flush=True)
+                  f"{r['working_set_mib']:>12.0f} {out.size * 4 / 2 ** 20:>11.0f} {err:>9.2e}  {r.get('attention', 'sdpa')}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ inputs; prints max / mean abs difference per case (pixels 0..1 for decode, laten
 
     python bench/compare_core_minimax.py --comfyui /path/to/ComfyUI --python /path/to/venv/bin/python
     python bench/compare_core_minimax.py ... --sizes tiny --newer-tiled-decode FILE
+    python bench/compare_core_minimax.py ... --sizes tiny_int8 [--core-attention pytorch]
     flock LOCKFILE python bench/compare_core_minimax.py ... --sizes published,int8
 
 Core is run in a subprocess under its own python (CPU, fp32; this file in --worker mode), ours in
@@ -21,7 +22,15 @@ another; nothing is asserted. Sizes:
   calls) and by ``vae.load``; each side holds ~9.7 GiB: run it under the heavy lock;
 - ``int8``: that file quantized by core's own code (comfy_kitchen's int8 + Hadamard rotation, the
   format of ``minimax_h3_video_vae_int8_convrot.safetensors``), both sides running it
-  as core does (activations quantized per row, int8 matmuls).
+  as core does (activations quantized per row, int8 matmuls);
+- ``tiny_int8``: the tiny model stored fp16 and quantized the same way (rotation group 64: its
+  widths are 128), core's classes built with core's ``mixed_precision_ops`` as its loader does.
+
+Core's attention: on a CPU core picks its sub-quadratic attention (``attention_sub_quad``), on NVIDIA
+GPUs PyTorch's ``scaled_dot_product_attention`` (``attention_pytorch``, what ours runs everywhere).
+``--core-attention pytorch`` runs core with ``--use-pytorch-cross-attention`` (the GPU choice) on
+the CPU; the header names the function core's decoder called. The two attentions differ by fp32
+rounding (~1e-7), which int8 files' per-row activation rounding turns into larger differences.
 """
 from __future__ import annotations
 
@@ -38,6 +47,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
 FP16, INT8 = "minimax_h3_video_vae_fp16.safetensors", "minimax_h3_video_vae_int8_convrot.safetensors"   # as ComfyUI names them
+TINY_FP16, TINY_INT8 = "tiny_fp16.safetensors", "tiny_int8.safetensors"
 TINY = dict(enc_widths=(32,) * 6, enc_blocks=1, enc_down=(True,) * 4 + (False,) * 2, dec_dim=128, dec_depth=2,
             dec_ff=512, registers=4, patch=16)
 PUBLISHED = dict(enc_widths=(128, 256, 256, 512, 512, 1024), enc_blocks=2, enc_down=(True,) * 4 + (False,) * 2,
@@ -53,6 +63,7 @@ CASES = {
     "published": [("decode", (1, 8, 8), "stitch"), ("decode", (7, 4, 4), "stitch"), ("decode", (12, 3, 3), "stitch"),
                   ("encode", (1, 64, 64), ""), ("encode", (22, 48, 48), "")],
     "int8": [("decode", (7, 4, 4), "stitch"), ("decode", (1, 8, 8), "stitch")],
+    "tiny_int8": [("decode", (t, h, w), "stitch") for t, h, w in ((7, 4, 4), (1, 5, 6), (7, 18, 17), (12, 5, 6))],
 }
 
 
@@ -107,23 +118,31 @@ def _core_model(a, weights: dict):
     sys.path.insert(0, a.comfyui)
     from comfy.cli_args import args as comfy_args
     comfy_args.cpu = True                       # before comfy.model_management is imported
+    comfy_args.use_pytorch_cross_attention = a.core_attention == "pytorch"
     import comfy.ldm.minimax.vae as mm
+    import comfy.ops
+    import comfy.utils
     if a.newer_tiled_decode:                    # PR #16436's tiled decode on the same class
         newer_tiled_decode(mm, a.newer_tiled_decode)
-    if a.size != "tiny":
+    attention = mm.optimized_attention.__name__
+    if not a.size.startswith("tiny"):
         import comfy.sd
         v = comfy.sd.VAE(sd=weights)
         v.throw_exception_if_invalid()
         decode = lambda z: v.decode(z).movedim(-1, 1)
         encode = lambda x: v.encode(x[0].movedim(0, -1))            # an IMAGE batch [T, H, W, 3] is one clip
-        return decode, encode, type(v.first_stage_model).__name__
-    m = mm.MiniMaxH3VideoVAE(ch=32, ch_mult=(1,) * 6, num_res_blocks=1)
-    m.decoder = mm.ViT3DDecoder(num_layers=2, heads=2, dim_head=64)
+        return decode, encode, f"{type(v.first_stage_model).__name__}, {attention}"
+    ops = {}
+    quant = comfy.utils.detect_layer_quantization(weights, "")
+    if quant is not None:                       # as core's loader builds an int8 file's model
+        ops = dict(operations=comfy.ops.mixed_precision_ops(quant, torch.float16))
+    m = mm.MiniMaxH3VideoVAE(ch=32, ch_mult=(1,) * 6, num_res_blocks=1, **ops)
+    m.decoder = mm.ViT3DDecoder(num_layers=2, heads=2, dim_head=64, **ops)
     missing, unexpected = m.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"core tiny model: missing {missing}, unexpected {unexpected}")
     m.eval()
-    return (lambda z: m.decode(z)), (lambda x: m.encode(x * 2 - 1)), "MiniMaxH3VideoVAE (tiny)"
+    return (lambda z: m.decode(z)), (lambda x: m.encode(x * 2 - 1)), f"MiniMaxH3VideoVAE ({a.size}), {attention}"
 
 
 def worker(a) -> None:
@@ -155,23 +174,26 @@ def worker(a) -> None:
 
 def _quantize(a) -> None:
     """The int8 file, by core's own quantizer (comfy_kitchen: rotate each 256-column group by the
-    normalised Hadamard matrix, then per-row int8), for the blocks' Linears as ComfyUI's file has them."""
+    normalised Hadamard matrix, then per-row int8), for the blocks' Linears as ComfyUI's file has them;
+    the tiny model's (``--size tiny_int8``: 128 wide) in groups of 64."""
     sys.path.insert(0, a.comfyui)
     from comfy.cli_args import args as comfy_args
     comfy_args.cpu = True
     import comfy.quant_ops
     from safetensors.torch import load_file, save_file
     d = Path(a.worker)
-    sd = load_file(d / FP16)
+    tiny = a.size.startswith("tiny")
+    group = 64 if tiny else 256
+    sd = load_file(d / (TINY_FP16 if tiny else FP16))
     conf = torch.tensor(list(json.dumps({"format": "int8_tensorwise", "convrot": True,
-                                         "convrot_groupsize": 256}).encode()), dtype=torch.uint8)
+                                         "convrot_groupsize": group}).encode()), dtype=torch.uint8)
     for k in [k for k in sd if k.startswith("decoder.transformer_blocks.") and k.endswith(".weight")
               and any(p in k for p in (".to_qkv.", ".to_out.", ".ff.w1.", ".ff.w2."))]:
         q, params = comfy.quant_ops.TensorWiseINT8Layout.quantize(sd[k].float(), is_weight=True, per_channel=True,
-                                                                  convrot=True, convrot_groupsize=256)
+                                                                  convrot=True, convrot_groupsize=group)
         sd[k], sd[k[:-len("weight")] + "weight_scale"] = q.contiguous(), params.scale.contiguous()
         sd[k[:-len("weight")] + "comfy_quant"] = conf.clone()
-    save_file(sd, d / INT8)
+    save_file(sd, d / (TINY_INT8 if tiny else INT8))
 
 
 # ---- driver ----------------------------------------------------------------------------------------
@@ -189,7 +211,7 @@ def _inputs(size: str) -> dict:
 def _run(a, d: Path, side: str, weights: str, newer: bool = False) -> None:
     py = a.python if side == "core" else sys.executable
     cmd = [py, str(Path(__file__).resolve()), "--worker", str(d), "--side", side, "--weights", weights,
-           "--size", a.size, "--comfyui", a.comfyui, "--threads", str(a.threads)]
+           "--size", a.size, "--comfyui", a.comfyui, "--threads", str(a.threads), "--core-attention", a.core_attention]
     if newer:
         cmd += ["--newer-tiled-decode", str(Path(a.newer_tiled_decode).resolve())]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -202,15 +224,15 @@ def compare(a, size: str) -> None:
     a.size = size
     with tempfile.TemporaryDirectory(prefix=f"cmp_minimax_{size}_", dir=a.tmp) as tmp:
         d = Path(tmp)
-        fields = TINY if size == "tiny" else PUBLISHED
-        weights = FP16 if size != "tiny" else "tiny.safetensors"
-        save_file(random_weights(fields, torch.float16 if size != "tiny" else torch.float32), d / weights)
-        if size == "int8":
+        fields = TINY if size.startswith("tiny") else PUBLISHED
+        weights = {"tiny": "tiny.safetensors", "tiny_int8": TINY_FP16}.get(size, FP16)
+        save_file(random_weights(fields, torch.float32 if size == "tiny" else torch.float16), d / weights)
+        if size.endswith("int8"):
             proc = subprocess.run([a.python, str(Path(__file__).resolve()), "--worker", str(d), "--quantize",
-                                   "--comfyui", a.comfyui], capture_output=True, text=True)
+                                   "--size", size, "--comfyui", a.comfyui], capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"quantizing failed:\n{proc.stderr[-3000:]}")
-            weights = INT8
+            weights = TINY_INT8 if size == "tiny_int8" else INT8
         inputs = _inputs(size)
         save_file(inputs, d / "inputs.safetensors")
         _run(a, d, "ours", weights)
@@ -250,7 +272,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--comfyui", required=True, help="ComfyUI source directory (the one with comfy/)")
     p.add_argument("--python", help="ComfyUI's python (its venv); required but in worker mode")
-    p.add_argument("--sizes", default="tiny", help="comma list of tiny, published, int8")
+    p.add_argument("--sizes", default="tiny", help="comma list of tiny, published, int8, tiny_int8")
+    p.add_argument("--core-attention", choices=("cpu", "pytorch"), default="cpu",
+                   help="core's attention: its CPU choice (sub-quadratic) or --use-pytorch-cross-attention "
+                        "(PyTorch SDPA, its choice on NVIDIA GPUs and ours)")
     p.add_argument("--newer-tiled-decode", help="a file with core 0.38.1's _decode_tile_row and tiled_decode "
                                                 "(for the blend rows)")
     p.add_argument("--threads", type=int, default=2)
