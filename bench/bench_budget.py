@@ -4,10 +4,13 @@ exact tiles, and the plans for sizes this machine cannot run.
     python bench/bench_budget.py scaling --family wan             # the issue's table for Wan 2.1
     python bench/bench_budget.py scaling --family hunyuan_video15 --sizes 256x384x9,512x768x9
     python bench/bench_budget.py scaling --family qwen --sizes 2048x2048x1 --tile 512
-    python bench/bench_budget.py plans                            # Wan 720p/1080p, LTX-2, SD KL 2048 px, 4 GB
+    python bench/bench_budget.py scaling --family ltx_diffusion --sizes 256x256x17 --tile 128
+    python bench/bench_budget.py plans          # Wan 720p/1080p, LTX-2, SD KL 2048 px, LTX-2.5 720p, 4 GB
+    python bench/bench_budget.py plans --cases ltx_diffusion
 
 Weights: each family's published config (diffusers' class where it has one: Wan 2.1 = AutoencoderKLWan(),
-also Qwen-Image's VAE; HunyuanVideo 1.5; LTX-2.3 with its published flags; SD-shape AutoencoderKL) with
+also Qwen-Image's VAE; HunyuanVideo 1.5; LTX-2.3 with its published flags; SD-shape AutoencoderKL; LTX-2.5's
+diffusion VAE as bench/compare_core_ltx_diffusion.py writes it, the shipped layout and metadata) with
 random weights under a fixed seed, saved once to a temporary .safetensors file that ours loads. Latents
 randn under a fixed seed. Each run is its own subprocess (CPU, fp32, ``--threads``), measured as
 bench/bench_decode.py measures (peak RSS after load: the working set, output included; the process's CPU
@@ -45,12 +48,19 @@ FAMILIES = {
     "hunyuan_video15": ("AutoencoderKLHunyuanVideo15", {}, 32, 16, 4),
     "ltx2.3": (VIDEO["ltx2.3"][0], VIDEO["ltx2.3"][1], 128, 32, 8),
     "kl": ("AutoencoderKL", KL_SHAPE, 4, 8, None),
+    # LTX-2.5 (diffusion decoder): no diffusers class holds the whole file; its core bench writes it
+    "ltx_diffusion": (None, {}, 128, 32, 8),
 }
 SIZES = {"wan": "256x384x9,512x768x9,256x384x45,512x768x17", "hunyuan_video15": "256x384x9,512x768x9,256x384x45",
-         "qwen": "1024x1024x1,2048x2048x1", "ltx2.3": "512x768x25", "kl": "1024x1024x1"}
+         "qwen": "1024x1024x1,2048x2048x1", "ltx2.3": "512x768x25", "kl": "1024x1024x1", "ltx_diffusion": "256x256x17"}
 
 
 def _weights(family: str, folder: Path) -> Path:
+    if FAMILIES[family][0] is None:
+        import compare_core_ltx_diffusion as writer
+        if not (folder / writer.FILE).exists():
+            writer.write_weights(folder)
+        return folder / writer.FILE
     path = folder / f"{family}.safetensors"
     if not path.exists():
         import diffusers
@@ -142,7 +152,9 @@ def plans(a) -> None:
     import vae
     from vae import budget, memory
     gpu, host = torch.device("cuda"), torch.device("cpu")
-    cases = [("wan", "1280x720x81"), ("wan", "1920x1080x241"), ("ltx2.3", "1920x1088x121"), ("kl", "2048x2048x1")]
+    cases = [("wan", "1280x720x81"), ("wan", "1920x1080x241"), ("ltx2.3", "1920x1088x121"), ("kl", "2048x2048x1"),
+             ("ltx_diffusion", "1280x704x121")]
+    cases = [c for c in cases if not a.cases or c[0] in a.cases.split(",")]
     print(f"plans for a {a.budget} GB budget on a GPU, offload and output in host memory, bf16 "
           f"(meta measurement only; calibration factor, fixed bytes {memory.calibration(gpu)})")
     with tempfile.TemporaryDirectory(prefix="bench_budget_") as tmp:
@@ -168,6 +180,7 @@ def main() -> None:
     p.add_argument("--tile", type=int, default=256)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--budget", type=float, default=4.0, help="GB, for plans")
+    p.add_argument("--cases", help="plans: only these families' cases, comma-separated")
     p.add_argument("--size", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
     p.add_argument("--weights", help=argparse.SUPPRESS)

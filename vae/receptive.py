@@ -6,7 +6,8 @@ name: one pass on a tiny input records, in execution order, every spatial conv (
 and padding at the resolution it runs), every module that declares a reach of its own
 (``exact_reach``: e.g. windowed or neighbourhood attention), every GroupNorm (tiles must share its
 statistics), every module that mixes all positions (``exact_whole``: attention) and every re-cut point
-(``exact_boundary``: resamplers and residual blocks, where nothing else is live across the module).
+(``exact_boundary``: resamplers and residual blocks, where nothing else is live across the module;
+``SEPARATOR``: a re-cut point where tiles that run one after the other meet at any resolution).
 ``segments`` splits that record at the re-cut points into stretches of layers with their halo.
 """
 from __future__ import annotations
@@ -25,6 +26,12 @@ from .nn.norm import STATISTICS
 Fn = Callable[[torch.Tensor, nn.Module], torch.Tensor]     # fn(x, model): a forward of ``model``
 
 COARSE = "coarse"
+# ``exact_boundary = SEPARATOR``: tiles run one after the other (vae/stages.py) assemble the map at this
+# module's input at whatever resolution it runs, not only at latent resolution. For a module whose reach
+# is wide at a resolution where a stage's halos would add up over many blocks (neighbourhood attention
+# in every block of a high-resolution stage): a map per such module costs host memory, a halo that
+# covers every later block would cost a tile most of the frame.
+SEPARATOR = "separator"
 
 
 def active(module: nn.Module, scale: Sequence[Fraction]) -> bool:
@@ -33,6 +40,11 @@ def active(module: nn.Module, scale: Sequence[Fraction]) -> bool:
     and an assembled map the least memory."""
     flag = getattr(module, "exact_boundary", False)
     return bool(flag) and (flag != COARSE or max(scale) <= 1)
+
+
+def separates(module: nn.Module) -> bool:
+    """Whether a re-cut point is a ``SEPARATOR`` at every resolution."""
+    return getattr(module, "exact_boundary", False) == SEPARATOR
 
 
 @dataclass(frozen=True)

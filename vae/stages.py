@@ -3,8 +3,9 @@
 For a model without GroupNorm statistics (per-voxel norms: Wan, Qwen-Image, HunyuanVideo 1.5, LTX),
 tiles need each other only at a few points: a module that mixes every position (attention at latent
 resolution: ``exact_whole``) and, by choice, re-cut points at latent resolution, where assembling the
-map is cheap and saves the halo recomputation a tile would otherwise repeat. These are the
-**separators**. Between two of them a tile needs nothing from the others, so a run goes stage by
+map is cheap and saves the halo recomputation a tile would otherwise repeat, and re-cut points that
+declare themselves separators at any resolution (``exact_boundary = SEPARATOR``, vae/receptive.py). These
+are the **separators**. Between two of them a tile needs nothing from the others, so a run goes stage by
 stage, and inside a stage **tile by tile, each tile through all its chunks** (through its own causal
 caches, which end with the tile), writing its core of the separator's input into a map per chunk on
 the offload device (host memory on a GPU machine). At a whole separator the module then runs once per
@@ -36,11 +37,12 @@ from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
+from torch.utils import _python_dispatch
 
 from . import distributed
 from . import memory as vram
 from . import run as runstate
-from .receptive import Event, Segment, active, scale_of, segments
+from .receptive import Event, Segment, active, scale_of, segments, separates
 from .tiles import Output, Tile, grid
 
 # Re-cut points at this scale or coarser (map pixels per latent pixel) become separators.
@@ -67,7 +69,8 @@ class StagePlan:
 def plan(events: Sequence[Event], latent: tuple[int, int], in_unit: int, out_unit: int) -> Optional[StagePlan]:
     """The stages of a model whose probe (``events`` on a ``latent``-sized input) has no GroupNorm; None
     if it has one (its tiles meet at every norm: vae/exact.py). Every re-cut point finer than
-    ``SEPARATE_AT`` is a crop, also those the meeting engine skips (cropping costs nothing)."""
+    ``SEPARATE_AT`` is a crop (unless it ``separates`` at any scale), also those the meeting engine
+    skips (cropping costs nothing)."""
     if any(e.kind == "stats" for e in events):
         return None
     segs = segments(events, latent, in_unit, out_unit, every=True)
@@ -79,7 +82,7 @@ def plan(events: Sequence[Event], latent: tuple[int, int], in_unit: int, out_uni
             continue
         seams.append(i)
         scale = scale_of(e, latent)
-        if e.kind == "whole" or (active(e.module, scale) and max(scale) <= SEPARATE_AT):
+        if e.kind == "whole" or (active(e.module, scale) and (max(scale) <= SEPARATE_AT or separates(e.module))):
             roles[i] = "separator"
         else:
             roles[i] = "crop"
@@ -119,6 +122,13 @@ def _plain():
         yield
 
 
+def _offload_side():
+    """Ops that only touch a map on the offload device, out of the memory tracker's view (vae/memory.py):
+    the tracker would count a view of a map, or a map between its allocation and ``offloaded``, as
+    compute-device bytes (at high resolution, a whole map on top of the tile's activations)."""
+    return _python_dispatch._disable_current_modes()
+
+
 class _Maps:
     """A separator's map per chunk (the assembled cores of its input; after a whole module, its output),
     on the offload device."""
@@ -132,13 +142,15 @@ class _Maps:
         scales, core = tile.locate(x)
         if chunk not in self.maps:
             size = [int(n * s) for n, s in zip(self.latent, scales)]
-            self.fmt = torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) \
-                else torch.contiguous_format
-            m = torch.empty(*x.shape[:-2], *size, dtype=x.dtype, device=self.device, memory_format=self.fmt)
-            self.maps[chunk] = m.zero_() if self.zeros else m      # zeros where other ranks' cores go
+            last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())    # the map keeps x's layout
+            self.fmt = last if last is not None and x.is_contiguous(memory_format=last) else torch.contiguous_format
+            with _offload_side():
+                m = torch.empty(*x.shape[:-2], *size, dtype=x.dtype, device=self.device, memory_format=self.fmt)
+                self.maps[chunk] = m.zero_() if self.zeros else m      # zeros where other ranks' cores go
             vram.offloaded(m)
         dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(tile.core, scales))
-        self.maps[chunk][(..., *dst)] = x[core]
+        with _offload_side():
+            self.maps[chunk][(..., *dst)] = x[core]
 
     def read(self, chunk: int, tile: Tile, seg: Segment, like: torch.Tensor) -> torch.Tensor:
         """The tile's slice (core plus ``seg``'s halo) of chunk ``chunk``'s map, on ``like``'s device."""
@@ -149,7 +161,9 @@ class _Maps:
                                f"forward carries {tuple(like.shape)} (something besides the separator's input is "
                                "live across it)")
         tile.cut(scales, seg, full.shape[-2:])
-        return full[tile.slices()].to(like.device).clone(memory_format=self.fmt)
+        with _offload_side():
+            part = full[tile.slices()]
+        return part.to(like.device, memory_format=self.fmt, copy=True)      # one copy, counted
 
     def finish(self, comm, module: Optional[nn.Module], device: torch.device, memory: Optional[dict]) -> None:
         """All tiles have written: sum the ranks' shares; run a whole module on each chunk, in order."""

@@ -264,6 +264,25 @@ def test_exact_tiles_are_the_untiled_decode():
     assert 1e-2 < (fast - full).abs().max() < 0.5
 
 
+def test_exact_tiles_meet_at_every_block_and_run_in_a_tiles_memory():
+    """Every block is a separator at any resolution (``exact_boundary = SEPARATOR``): tiles that run one
+    after the other meet at each block's input, so a tile carries one block's halo, not the sum over
+    the high-resolution stages. Its device working set (meta measurement, live bytes) is then a tile's:
+    4x4 latents of a 16x16 latent, under a third of one pass's; the maps wait on the offload device."""
+    from vae import budget, stages
+    from vae.receptive import probe
+    ours = vae.from_state_dict(tiny_state_dict("ltx_diffusion"))
+    blocks = [m for m in ours.model.modules() if isinstance(m, ltx_diffusion._Local)]
+    with torch.inference_mode():
+        events = probe(ours.decode_fn(), ours.model, torch.zeros(1, LATENT, 2, 4, 4))
+    plan = stages.plan(events, (4, 4), 1, ours.caps.spatial_ratio)
+    assert len(plan.stages) == len(blocks) + 1 and set(plan.roles.values()) == {"separator"}
+    cpu, shape = torch.device("cpu"), (1, LATENT, 2, 16, 16)
+    one = budget.predict(ours, ours.call_for("decode", shape), cpu, cpu)
+    tiled = budget.predict(ours, ours.call_for("decode", shape, tile=4 * 32, mode="exact"), cpu, cpu)
+    assert tiled.live < one.live / 3 and tiled.maps > 0
+
+
 def test_temporal_reach_is_measured():
     """Moving one latent frame changes the output frames within ``temporal_reach`` latent frames of its own
     (published: 17.5, the figure the nodes' tooltips give)."""

@@ -25,10 +25,10 @@ generator) and ours stays the CPU field. Exact tiles draw their part of the unti
 
 Neighbourhood attention (vae/nn/neighborhood.py) is local: a query sees a window of k positions per
 axis, shifted inward at the map's borders, so an output pixel depends on inputs at most k - 1 map
-pixels away per block. Exact tiles carry that halo (``exact_reach``) and re-cut at every block;
-positions for the rotary embedding are the whole map's. Nothing is causal in time and time is never
-cut. Stage 5 carries its state and the context as one tensor (channels [state, context]) so that a
-re-cut cuts both.
+pixels away per block. Exact tiles carry that halo (``exact_reach``) and meet at every block (a
+separator at any resolution: vae/stages.py); positions for the rotary embedding are the whole map's.
+Nothing is causal in time and time is never cut. Stage 5 carries its state and the context as one
+tensor (channels [state, context]) so that a re-cut cuts both.
 
 Layouts and the canonical one: ltx_diffusion_layout.py. Widths, depths, head size, patch size and
 strides come from the weights; the windows, the step count and the timestep scale are not in them: a
@@ -49,6 +49,7 @@ from ..errors import InputError, LoadError
 from ..keymap import count_indices
 from ..nn.neighborhood import neighborhood_attention
 from ..noise import region_origin, region_randn
+from ..receptive import SEPARATOR
 from ..run import Seam
 from ..spec import ArchSpec, Capabilities
 from . import ltx, ltx_config, ltx_diffusion_layout
@@ -209,9 +210,12 @@ class SwiGLU(nn.Module):
 
 class _Local(Seam, nn.Module):
     """A transformer block of neighbourhood attention: an exact tile re-cuts at its input and needs a
-    halo of the window's span (a window at the map's border reaches k - 1 pixels inward)."""
+    halo of the window's span (a window at the map's border reaches k - 1 pixels inward). Every block
+    is a separator at any resolution: tiles run one after the other meet here (a map of the block's
+    input on the offload device), so a tile carries one block's halo, not that of every block up to
+    the next latent-resolution point (44 latent pixels with the published depths)."""
 
-    exact_boundary = True
+    exact_boundary = SEPARATOR
 
     def _setup(self, dim: int, head_dim: int, kernel: tuple[int, int, int], hidden: int) -> None:
         self.norm1 = nn.RMSNorm(dim, eps=EPS)
