@@ -247,6 +247,16 @@ def test_taeqi_exact_tiles_equal_untiled(op):
     assert (fast - whole).abs().max() > 1e-4        # the tiles are real: fast tiles differ at the seams
 
 
+def test_taeqi_half_precision_follows_fp32():
+    """The published weights are fp16: computing in fp16 (NaN guard on) stays near fp32."""
+    sd = _taeqi_model().state_dict()
+    v32, v16 = vae.from_state_dict(sd), vae.from_state_dict(sd, dtype=torch.float16)
+    z, x = torch.randn(1, 64, 3, 4) * 3, torch.rand(1, 3, 48, 64)
+    assert (v16.decode(z) - v32.decode(z)).abs().max() <= 2e-2
+    lat = v32.encode(x)
+    assert (v16.encode(x) - lat).abs().max() <= 2e-2 * lat.abs().max()
+
+
 # ---- parity with the original taesd.py (madebyollin/taesd at 401ce45e) on the same files -----------
 
 def _reference():
