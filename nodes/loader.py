@@ -18,7 +18,7 @@ class VAEKitLoad:
     OUTPUT_TOOLTIPS = ("The VAE; core VAE Decode/Encode nodes accept it too.",)
     FUNCTION = "load"
     FILE_INPUTS = ("vae_name",)     # a folder listing: this node resolves the name and says where it looked
-    DESCRIPTION = ("Loads a VAE (image: AutoencoderKL for SD1.x/SD2.x/SDXL/SD3/Flux.1, the TAESD family, the "
+    DESCRIPTION = ("Loads a VAE (image: AutoencoderKL for SD1.x/SD2.x/SDXL/SD3/Flux.1, the TAESD family (taeqi2_1 too), the "
                    "Consistency Decoder, Qwen-Image 2.1 (RGBA), Mage-VAE (Mage-Flow); video: Wan 2.1/2.2 and "
                    "Qwen-Image, Mochi, LTX-Video, LTX-2 and LTX-2.5, HunyuanVideo, EasyAnimate, SeedVR2) from "
                    "the 'vae' or 'vae_approx' folder, in the original, ComfyUI or diffusers key layout. "
@@ -29,7 +29,7 @@ class VAEKitLoad:
         return {"required": {
             "vae_name": (_comfy.vae_choices(), {
                 "tooltip": "A file from models/vae, or a TAESD encoder/decoder pair from models/vae_approx "
-                           "(listed once by its name, e.g. 'taef2')."}),
+                           "(listed once by its name, e.g. 'taef2', 'taeqi2_1')."}),
             "dtype": (["auto", "fp32", "bf16", "fp16"], {
                 "default": "auto",
                 "tooltip": "Weights and compute precision. auto: ComfyUI's VAE choice (fp32 on CPU, bf16 on "
