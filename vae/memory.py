@@ -102,12 +102,14 @@ class Tracker(TorchDispatchMode):
         self.peak = 0
         self.offload = 0
         self.copies = 0          # peak of live bytes plus the weight a running convolution copies
+        self.placing = 0         # > 0: new storages are born on the offload device (``placed_away``)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        into = self._away if self.placing else self._live
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == "meta":
-                self._add(t, self._live)
+                self._add(t, into)
         if self._bound > self.peak:          # perhaps a new peak: count what is really alive
             self._sweep()
         copy = _weight_copy(func, args)
@@ -117,11 +119,28 @@ class Tracker(TorchDispatchMode):
         return out
 
     def _add(self, t: torch.Tensor, into: dict) -> None:
+        """Count a storage an op handed out, once: a view of (or an in-place write to) a storage that
+        lives elsewhere (offloaded, ignored) adds nothing."""
         s = t.untyped_storage()
-        if s._cdata not in into and s._cdata not in self._ignored:
-            into[s._cdata] = (StorageWeakRef(s), s.nbytes())
-            if into is self._live:
-                self._bound += s.nbytes()
+        key = s._cdata
+        if key in self._ignored or self._holds(self._live, key) or self._holds(self._away, key):
+            return
+        into[key] = (StorageWeakRef(s), s.nbytes())
+        if into is self._live:
+            self._bound += s.nbytes()
+
+    def _holds(self, entries: dict, key: int) -> bool:
+        """Whether ``entries`` holds the storage at ``key`` alive (a freed one's address may be reused
+        before the next sweep: its stale entry goes)."""
+        entry = entries.get(key)
+        if entry is None:
+            return False
+        if entry[0].expired():
+            del entries[key]
+            if entries is self._live:
+                self._bound -= entry[1]
+            return False
+        return True
 
     def _sweep(self) -> None:
         self._live = {k: v for k, v in self._live.items() if not v[0].expired()}
@@ -163,6 +182,23 @@ def offloaded(t: torch.Tensor, count: bool = True) -> None:
     tracker = _TRACKER.get()
     if tracker is not None and t.device.type == "meta":
         tracker.move_away(t, count)
+
+
+@contextlib.contextmanager
+def placed_away() -> Iterator[None]:
+    """Tensors made inside live on the offload device from birth (a map kept between stages): the
+    tracker counts them there, never among the compute device's bytes, not even for the op that
+    allocates them."""
+    tracker = _TRACKER.get()
+    if tracker is None:
+        yield
+        return
+    tracker.placing += 1
+    try:
+        yield
+    finally:
+        tracker.placing -= 1
+        tracker._sweep()
 
 
 def returned(t: torch.Tensor) -> None:

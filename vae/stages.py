@@ -37,7 +37,6 @@ from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
-from torch.utils import _python_dispatch
 
 from . import distributed
 from . import memory as vram
@@ -122,13 +121,6 @@ def _plain():
         yield
 
 
-def _offload_side():
-    """Ops that only touch a map on the offload device, out of the memory tracker's view (vae/memory.py):
-    the tracker would count a view of a map, or a map between its allocation and ``offloaded``, as
-    compute-device bytes (at high resolution, a whole map on top of the tile's activations)."""
-    return _python_dispatch._disable_current_modes()
-
-
 class _Maps:
     """A separator's map per chunk (the assembled cores of its input; after a whole module, its output),
     on the offload device."""
@@ -144,13 +136,11 @@ class _Maps:
             size = [int(n * s) for n, s in zip(self.latent, scales)]
             last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())    # the map keeps x's layout
             self.fmt = last if last is not None and x.is_contiguous(memory_format=last) else torch.contiguous_format
-            with _offload_side():
+            with vram.placed_away():        # born on the offload device: never among the tile's bytes
                 m = torch.empty(*x.shape[:-2], *size, dtype=x.dtype, device=self.device, memory_format=self.fmt)
                 self.maps[chunk] = m.zero_() if self.zeros else m      # zeros where other ranks' cores go
-            vram.offloaded(m)
         dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(tile.core, scales))
-        with _offload_side():
-            self.maps[chunk][(..., *dst)] = x[core]
+        self.maps[chunk][(..., *dst)] = x[core]
 
     def read(self, chunk: int, tile: Tile, seg: Segment, like: torch.Tensor) -> torch.Tensor:
         """The tile's slice (core plus ``seg``'s halo) of chunk ``chunk``'s map, on ``like``'s device."""
@@ -161,9 +151,7 @@ class _Maps:
                                f"forward carries {tuple(like.shape)} (something besides the separator's input is "
                                "live across it)")
         tile.cut(scales, seg, full.shape[-2:])
-        with _offload_side():
-            part = full[tile.slices()]
-        return part.to(like.device, memory_format=self.fmt, copy=True)      # one copy, counted
+        return full[tile.slices()].to(like.device, memory_format=self.fmt, copy=True)      # one copy, counted
 
     def finish(self, comm, module: Optional[nn.Module], device: torch.device, memory: Optional[dict]) -> None:
         """All tiles have written: sum the ranks' shares; run a whole module on each chunk, in order."""
@@ -173,7 +161,7 @@ class _Maps:
                 with runstate.stream(memory) if memory is not None else contextlib.nullcontext():
                     y = module(self.maps[c].to(device))
                 self.maps[c] = y.to(self.device, memory_format=self.fmt)
-                vram.offloaded(self.maps[c])
+                vram.offloaded(self.maps[c])        # (``to`` may hand back y itself)
                 del y
 
 

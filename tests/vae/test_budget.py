@@ -124,6 +124,21 @@ def test_tracker_counts_live_storage_not_views():
     assert 12000 <= m.device <= 12100      # the input, then at most three 1000-float tensors alive
 
 
+def test_a_map_born_on_the_offload_device_never_counts_on_the_compute_device():
+    """A stage map (vae/stages.py) is allocated, written through views and read back as slices; only
+    the slice copied back for a tile is compute-device memory."""
+    x = torch.empty(1000, device="meta")
+
+    def call():
+        with memory.placed_away():
+            m = torch.empty(100_000, device="meta").zero_()      # 400 kB on the offload device
+        m[:1000] = x * 2                  # a temporary on the device, written into the map: 4000
+        part = m[5000:6000].clone()       # one slice back: 4000
+        return m, part
+    got = memory.measure(call, (x,))
+    assert 8000 <= got.device <= 12100 and got.offload == 400_000
+
+
 def test_a_convolutions_weight_copy_counts_on_the_cpu_only():
     """On the CPU every convolution reorders its weight (a transient copy as large as the weight): a
     wide convolution on a small input needs its weight's bytes again, which no factor over the
