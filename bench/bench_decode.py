@@ -196,7 +196,7 @@ def _load_ours(weights: Path, tile, overlap):
 
     def tiles(hw):
         """(tile count, largest tile in pixels)"""
-        plans = v._plans(tuple(hw), tile, overlap)
+        plans = v._plans(tuple(hw), tile, overlap, None, None)     # an image model: no frame axis
         r = v.caps.spatial_ratio
         return tiling.tile_count(plans), [max(b - a for a, b in p.spans) * r for p in plans]
 
