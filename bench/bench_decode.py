@@ -98,6 +98,22 @@ def _reset_peak() -> bool:
     return _maxrss_kib() <= _vm_rss_kib() + 1024
 
 
+def loaded_rss_kib(model, copy: bool = False) -> int:
+    """RSS once every weight of ``model`` has been read: safetensors weights may stay memory-mapped and be
+    paged in on first use, and paging them in is loading, not the call. With ``copy`` every weight is
+    copied into the process's own memory instead (see measure)."""
+    import torch
+
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if copy:
+                t.data = t.data.clone()
+            else:
+                t.sum()
+    gc.collect()
+    return _vm_rss_kib()
+
+
 def run_child(cmd: list[str], env: dict) -> bool:
     """Run one worker process; on failure print its last error line."""
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -119,11 +135,7 @@ def measure(fn, x, model, repeat: int, out_stem: Path) -> None:
     import numpy as np
     import torch
 
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            t.data = t.data.clone()
-    gc.collect()
-    rss_load = _vm_rss_kib()
+    rss_load = loaded_rss_kib(model, copy=True)
     reset = _reset_peak()
     times, cpu, out = [], [], None
     with torch.inference_mode():
@@ -141,14 +153,10 @@ def measure(fn, x, model, repeat: int, out_stem: Path) -> None:
 
 
 def _load_diffusers(weights: Path, tile):
-    import torch
     from diffusers import AutoencoderKL
-    from safetensors.torch import load_file
+    from workers import diffusers_from_file
 
-    with torch.device("meta"):                       # no random init: only the file's weights
-        model = AutoencoderKL(**KL_SHAPE)
-    model.load_state_dict(load_file(str(weights)), strict=True, assign=True)
-    model.eval().requires_grad_(False)
+    model = diffusers_from_file(AutoencoderKL, weights, **KL_SHAPE).requires_grad_(False)
     note = ""
     if tile is not None:
         model.enable_tiling()
@@ -188,7 +196,7 @@ def _load_ours(weights: Path, tile, overlap):
 
     def tiles(hw):
         """(tile count, largest tile in pixels)"""
-        plans = v._plans(tuple(hw), tile, overlap)
+        plans = v._plans(tuple(hw), tile, overlap, None, None)     # an image model: no frame axis
         r = v.caps.spatial_ratio
         return tiling.tile_count(plans), [max(b - a for a, b in p.spans) * r for p in plans]
 
@@ -208,13 +216,7 @@ def worker(args) -> None:
         decode, tiles, note, model = _load_diffusers(weights, tile)
     else:
         decode, tiles, note, model = _load_ours(weights, tile, overlap)
-    # safetensors tensors may stay memory-mapped and be paged in on first use; read every weight
-    # once so that paging them in counts as loading, not as the decode's working set.
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            t.sum()
-    gc.collect()
-    rss_load = _vm_rss_kib()
+    rss_load = loaded_rss_kib(model)      # the weights paged in: loading, not the decode's working set
     peak_load = _maxrss_kib()
     reset = _reset_peak()
 

@@ -18,7 +18,6 @@ pixels; PSNR in dB. Nothing is asserted: figures and the issue's targets are pri
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -31,7 +30,9 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from bench_decode import KL_SHAPE, MIB, _reset_peak, _vm_hwm_kib, _vm_rss_kib  # noqa: E402
+import comfy_core  # noqa: E402
+from bench_decode import KL_SHAPE, MIB, _reset_peak, _vm_hwm_kib, _vm_rss_kib, loaded_rss_kib  # noqa: E402
+from workers import worker_flags  # noqa: E402
 
 SEED = 0
 # config -> (engine, mode, tile px, overlap px)
@@ -69,12 +70,8 @@ def worker(a) -> None:
     engine, mode, tile, overlap = (IMAGE if a.model == "sd" else VIDEO)[a.worker]
     z = torch.load(tmp / f"{a.model}_z.pt", weights_only=True)
     if engine == "core":
-        sys.path.insert(0, a.comfyui)
-        from comfy.cli_args import args as comfy_args
-        comfy_args.cpu = True
-        import comfy.sd
         from safetensors.torch import load_file
-        v = comfy.sd.VAE(sd=load_file(str(tmp / f"{a.model}.safetensors")))
+        v = comfy_core.vae(a.comfyui, load_file(str(tmp / f"{a.model}.safetensors")))
 
         def decode():    # as core's VAEDecodeTiled node: latent units, IMAGE [B, H, W, 3] out
             return v.decode_tiled(z, tile_x=tile // 8, tile_y=tile // 8, overlap=overlap // 8).movedim(-1, 1)
@@ -86,11 +83,7 @@ def worker(a) -> None:
         def decode():
             return v.decode(z, tile=tile, overlap=overlap, mode=mode)
     model = v.first_stage_model if engine == "core" else v.model
-    with torch.no_grad():          # page in memory-mapped weights now: loading is not the decode's working set
-        for t in [*model.parameters(), *model.buffers()]:
-            t.sum()
-    gc.collect()
-    rss = _vm_rss_kib()
+    rss = loaded_rss_kib(model)    # page in memory-mapped weights now: loading is not the decode's working set
     # VmHWM, not ru_maxrss: after exec, ru_maxrss keeps the forking parent's peak (our parent holds models)
     if not _reset_peak() and _vm_hwm_kib() > _vm_rss_kib() + 1024:
         print("warning: could not reset the peak-RSS mark; working sets include loading", file=sys.stderr)
@@ -122,9 +115,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--only", help="comma-separated models: sd,hunyuan_video")
     p.add_argument("--seam-maps", help="folder for seam map PNGs (SD model)")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--tmp", help=argparse.SUPPRESS)
+    worker_flags(p, model=str, tmp=str)
     a = p.parse_args()
     if a.worker:
         return worker(a)

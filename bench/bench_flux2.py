@@ -30,7 +30,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from bench_decode import measure, run_child  # noqa: E402
+from bench_decode import run_child  # noqa: E402
+from workers import diffusers_from_file, measure_saved  # noqa: E402
 
 SEED = 0
 STATS_VAR = (0.25, 4.0)     # BatchNorm variances at a latent's scale (log-uniform)
@@ -68,18 +69,13 @@ def _prepare(tmp: Path, size: int) -> None:
 
 
 def _diffusers(weights: Path, op: str):
-    import torch
     from diffusers import AutoencoderKLFlux2
-    from safetensors.torch import load_file
 
     _tests_on_path()
     import diffusers_flux2
-    with torch.device("meta"):                       # no random init: only the file's weights
-        model = AutoencoderKLFlux2()
-    model.load_state_dict(load_file(str(weights)), strict=True, assign=True)
-    model.eval().requires_grad_(False)
+    model = diffusers_from_file(AutoencoderKLFlux2, weights).requires_grad_(False)
     pipe = diffusers_flux2.Pipeline()
-    return (lambda t: pipe.decode(model, t)) if op == "decode" else (lambda t: pipe.encode(model, t)), model
+    return model, ((lambda t: pipe.decode(model, t)) if op == "decode" else (lambda t: pipe.encode(model, t)))
 
 
 def _ours(weights: Path, op: str, tile, mode: str):
@@ -89,20 +85,16 @@ def _ours(weights: Path, op: str, tile, mode: str):
     v = vae.load(weights)
     call = v.decode if op == "decode" else v.encode
     overlap = tile // 8 if tile else None
-    return (lambda t: call(t, tile=tile, overlap=overlap, mode=mode)), v.model
+    return v.model, lambda t: call(t, tile=tile, overlap=overlap, mode=mode)
 
 
 def worker(args) -> None:
-    import numpy as np
-    import torch
-
-    torch.set_num_threads(args.threads)
     tmp = Path(args.tmp)
     weights = tmp / "flux2.safetensors"
-    x = torch.from_numpy(np.load(tmp / ("latent.npy" if args.op == "decode" else "image.npy")))
-    fn, model = (_diffusers(weights, args.op) if args.lib == "diffusers"
-                 else _ours(weights, args.op, args.tile, args.mode))
-    measure(fn, x, model, args.repeat, tmp / args.key)
+    build = lambda: (_diffusers(weights, args.op) if args.lib == "diffusers"
+                     else _ours(weights, args.op, args.tile, args.mode))
+    measure_saved(args.threads, tmp / ("latent.npy" if args.op == "decode" else "image.npy"), build, tmp / args.key,
+                  args.repeat)
 
 
 def main() -> None:

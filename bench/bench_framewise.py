@@ -24,7 +24,6 @@ compared with the one-pass decode on 0..1 pixels: max / mean abs error and PSNR,
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import subprocess
@@ -33,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_decode import MIB, _maxrss_kib, _reset_peak, _vm_rss_kib
+from bench_decode import MIB, _maxrss_kib, _reset_peak, loaded_rss_kib
+from workers import diffusers_from_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours_framewise", "ours_one_pass", "diffusers")
@@ -48,11 +48,7 @@ def worker(args) -> None:
     z = torch.from_numpy(np.load(tmp / f"latent_{args.t}.npy"))
     if args.worker == "diffusers":
         import diffusers
-        from safetensors.torch import load_file
-        with torch.device("meta"):
-            model = diffusers.AutoencoderKLMagvit()
-        model.load_state_dict(load_file(str(tmp / "magvit.safetensors")), strict=True, assign=True)
-        model.eval()
+        model = diffusers_from_file(diffusers.AutoencoderKLMagvit, tmp / "magvit.safetensors")
         decode = lambda z: (model.decode(z).sample / 2 + 0.5).clamp_(0, 1)
     else:
         sys.path.insert(0, str(ROOT))
@@ -61,11 +57,7 @@ def worker(args) -> None:
         model = v.model
         frames = 4 if args.worker == "ours_framewise" else None
         decode = lambda z: v.decode(z, tile_frames=frames)
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            t.sum()
-    gc.collect()
-    rss = _vm_rss_kib()
+    rss = loaded_rss_kib(model)
     reset = _reset_peak()
     with torch.inference_mode():
         t0 = time.perf_counter()

@@ -30,7 +30,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import comfy_core
 from bench_decode import measure
+from workers import core_flags, results, run, worker_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours", "core_newer", "ours_stitch", "core", "core_sdpa")
@@ -40,10 +42,7 @@ def _fns(a, path: Path):
     """(decode, encode, model) of a run."""
     import torch
     if a.worker.startswith("core"):
-        sys.path.insert(0, a.comfyui)
-        from comfy.cli_args import args as comfy_args
-        comfy_args.cpu = True
-        comfy_args.use_pytorch_cross_attention = a.worker == "core_sdpa"   # read when comfy is imported
+        comfy_core.start(a.comfyui, pytorch_attention=a.worker == "core_sdpa")   # read when comfy is imported
         import comfy.ldm.minimax.vae as mm
         import comfy.sd
         import comfy.utils
@@ -81,13 +80,9 @@ def worker(a) -> None:
 
 
 def _run(a, name: str, op: str, weights: str) -> dict:
-    py = a.comfy_python if name.startswith("core") else sys.executable
-    cmd = [py, str(Path(__file__).resolve()), "--worker", name, "--op", op, "--tmp", a.tmp, "--weights", weights,
-           "--threads", str(a.threads), "--comfyui", a.comfyui or "", "--newer-tiled-decode", a.newer_tiled_decode or ""]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        return {"error": " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])}
-    return json.loads((Path(a.tmp) / f"{name}_{op}.json").read_text())
+    flags = ["--op", op, "--tmp", a.tmp, "--weights", weights, "--threads", str(a.threads),
+             "--comfyui", a.comfyui or "", "--newer-tiled-decode", a.newer_tiled_decode or ""]
+    return run(__file__, name, flags, Path(a.tmp) / f"{name}_{op}", a.comfy_python)
 
 
 def main() -> None:
@@ -100,12 +95,9 @@ def main() -> None:
     p.add_argument("--int8", action="store_true", help="the int8 file (ComfyUI's convrot format) instead of fp16")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tmp", default=None, help="folder for the 4.9 GB weight file (kept: reused by later runs)")
-    p.add_argument("--comfyui", help="ComfyUI source directory (the core runs)")
-    p.add_argument("--comfy-python", help="ComfyUI's python (its venv)")
+    core_flags(p, "ComfyUI source directory (the core runs)")
     p.add_argument("--newer-tiled-decode", help="core 0.38.1's _decode_tile_row and tiled_decode (core_newer)")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--op", help=argparse.SUPPRESS)
-    p.add_argument("--weights", help=argparse.SUPPRESS)
+    worker_flags(p, op=str, weights=str)
     a = p.parse_args()
     if a.worker:
         return worker(a)
@@ -147,14 +139,10 @@ def main() -> None:
           f"{'max err':>9}  attention")
     for op in a.ops.split(","):
         ref = None
-        for name in runs:
-            if op == "encode" and name in ("ours_stitch", "core_newer", "core_sdpa"):
-                continue                          # encode tiles are stitched in every version; no attention
-            r = _run(a, name, op, weights)
-            if "error" in r:
-                print(f"{name:<12} {op:<7} FAILED: {r['error']}", flush=True)
-                continue
-            out = np.load(tmp / f"{name}_{op}.npy")
+        # encode tiles are stitched in every version; no attention
+        names = [r for r in runs if op == "decode" or r not in ("ours_stitch", "core_newer", "core_sdpa")]
+        label = lambda name: f"{name:<12} {op:<7} "
+        for name, r, out in results(names, lambda name: _run(a, name, op, weights), label):
             ref = out if ref is None else ref
             err = float(np.abs(out - ref).max()) if out.shape == ref.shape else float("nan")
             print(f"{name:<12} {op:<7} {r['best_s']:>8.1f} {r['cpu_s']:>8.1f} {r['rss_after_load_mib']:>9.0f} "

@@ -30,13 +30,12 @@ Runs:
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_decode import measure
+import comfy_core
+from workers import core_flags, diffusers_from_file, measure_saved, ours_call, results, run, worker_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours", "ours_exact", "ours_fast", "diffusers", "diffusers_tiled", "core")
@@ -50,10 +49,7 @@ def _runner(args, tmp: Path):
     decode = args.op == "decode"
     if args.worker.startswith("diffusers"):
         import diffusers
-        with torch.device("meta"):
-            model = diffusers.AutoencoderKLQwenImage21()
-        model.load_state_dict(load_file(str(tmp / "diffusers.safetensors")), strict=True, assign=True)
-        model.eval()
+        model = diffusers_from_file(diffusers.AutoencoderKLQwenImage21, tmp / "diffusers.safetensors")
         if args.worker == "diffusers_tiled":
             model.enable_tiling()
         if decode:
@@ -61,30 +57,19 @@ def _runner(args, tmp: Path):
         rgba = lambda x: torch.cat([x, torch.ones_like(x[:, :1])], 1) * 2 - 1
         return model, lambda x: model.encode(rgba(x).unsqueeze(2)).latent_dist.mode().squeeze(2)
     if args.worker == "core":
-        sys.path.insert(0, args.comfyui)
-        from comfy.cli_args import args as comfy_args
-        comfy_args.cpu = True                      # before comfy.model_management is imported
-        import comfy.sd
-        v = comfy.sd.VAE(sd=load_file(str(tmp / FILE)))
+        v = comfy_core.vae(args.comfyui, load_file(str(tmp / FILE)))
         if decode:
             return v.first_stage_model, lambda z: v.decode(z).movedim(-1, 1)
         return v.first_stage_model, lambda x: v.encode(x.movedim(1, -1))
     sys.path.insert(0, str(ROOT))
     import vae
     v = vae.load(tmp / FILE)
-    kw = {"ours": {}, "ours_fast": dict(tile=args.tile, overlap=args.tile // 4),
-          "ours_exact": dict(tile=args.tile, mode="exact")}[args.worker]
-    return v.model, (lambda z: v.decode(z, **kw)) if decode else (lambda x: v.encode(x, **kw))
+    return v.model, ours_call(v, args.worker, args.tile, encode=not decode)
 
 
 def worker(args) -> None:
-    import numpy as np
-    import torch
-    torch.set_num_threads(args.threads)
     tmp = Path(args.tmp)
-    x = torch.from_numpy(np.load(tmp / f"{args.op}_in.npy"))
-    model, fn = _runner(args, tmp)
-    measure(fn, x, model, 1, tmp / f"{args.worker}_{args.op}")
+    measure_saved(args.threads, tmp / f"{args.op}_in.npy", lambda: _runner(args, tmp), tmp / f"{args.worker}_{args.op}")
 
 
 def write_weights(tmp: Path) -> None:
@@ -101,17 +86,6 @@ def write_weights(tmp: Path) -> None:
     save_file({k: v.contiguous() for k, v in to_original(canonical, nested=True).items()}, str(tmp / FILE))
 
 
-def run(args, tmp: Path, name: str) -> dict:
-    py = args.comfy_python if name == "core" else sys.executable
-    cmd = [py, str(Path(__file__).resolve()), "--worker", name, "--tmp", str(tmp), "--op", args.op,
-           "--threads", str(args.threads), "--tile", str(args.tile), "--comfyui", args.comfyui or ""]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-        return {"error": " | ".join(tail)}
-    return json.loads((tmp / f"{name}_{args.op}.json").read_text())
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=1024, help="image side, pixels (a multiple of 16)")
@@ -119,10 +93,8 @@ def main() -> None:
     p.add_argument("--tile", type=int, default=512, help="our spatial tile, pixels")
     p.add_argument("--runs", default=",".join(RUNS))
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--comfyui", help="ComfyUI source directory (for the core run)")
-    p.add_argument("--comfy-python", help="ComfyUI's python (its venv)")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--tmp", help=argparse.SUPPRESS)
+    core_flags(p, "ComfyUI source directory (for the core run)")
+    worker_flags(p, tmp=str)
     a = p.parse_args()
     if a.worker:
         return worker(a)
@@ -139,13 +111,11 @@ def main() -> None:
               f"our tile {a.tile} px")
         print(f"{'op':<7} {'run':<16} {'time s':>8} {'cpu s':>8} {'working MiB':>12} {'w/o output':>11} {'max err':>9}")
         for op in a.op.split(","):
-            a.op, ref = op, None
-            for name in runs:
-                r = run(a, tmp, name)
-                if "error" in r:
-                    print(f"{op:<7} {name:<16}  FAILED: {r['error']}", flush=True)
-                    continue
-                out = np.load(tmp / f"{name}_{op}.npy")
+            ref = None
+            flags = ["--tmp", str(tmp), "--op", op, "--threads", str(a.threads), "--tile", str(a.tile),
+                     "--comfyui", a.comfyui or ""]
+            start = lambda name: run(__file__, name, flags, tmp / f"{name}_{op}", a.comfy_python, tail=2)
+            for name, r, out in results(runs, start, lambda name: f"{op:<7} {name:<16}  "):
                 ref = out if name == "ours" else ref
                 scale = 1.0 if op == "decode" or ref is None else float(np.abs(ref).max())
                 err = float(np.abs(out - ref).max()) / scale if ref is not None and out.shape == ref.shape \

@@ -23,13 +23,12 @@ Runs (encode, with --encode): ours_framewise, ours_exact, core, core_tiled (VAE 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_decode import measure
+import comfy_core
+from workers import core_flags, measure_saved, ours_call, results, run, worker_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODE_RUNS = ("ours_one_pass", "ours_framewise", "ours_exact", "ours_fast", "core", "core_tiled")
@@ -42,12 +41,9 @@ def _call(args, tmp: Path):
     from safetensors.torch import load_file
     encode = args.op == "encode"
     if args.worker.startswith("core"):
-        sys.path.insert(0, args.comfyui)
-        from comfy.cli_args import args as comfy_args
-        comfy_args.cpu = True                      # before comfy.model_management is imported
-        import comfy.sd
+        comfy_core.start(args.comfyui)
         import nodes
-        v = comfy.sd.VAE(sd=load_file(str(tmp / "seedvr2_ema_vae.safetensors")))
+        v = comfy_core.vae(args.comfyui, load_file(str(tmp / "seedvr2_ema_vae.safetensors")))
         frames = lambda x: x[0].movedim(0, -1)     # [1, 3, T, H, W] -> IMAGE [T, H, W, 3]
         tiled = args.worker == "core_tiled"
         if encode:
@@ -60,32 +56,13 @@ def _call(args, tmp: Path):
     sys.path.insert(0, str(ROOT))
     import vae
     v = vae.load(tmp / "seedvr2_ema_vae.safetensors")
-    if args.worker == "ours_one_pass":
-        return v.model, lambda z: (v.model.decode(z) / 2 + 0.5).clamp_(0, 1)
-    kw = {"ours_framewise": {}, "ours_exact": dict(tile=args.tile, mode="exact"),
-          "ours_fast": dict(tile=args.tile, overlap=args.tile // 4)}[args.worker]
-    return v.model, (lambda x: v.encode(x, **kw)) if encode else (lambda z: v.decode(z, **kw))
+    return v.model, ours_call(v, args.worker, args.tile, encode=encode)
 
 
 def worker(args) -> None:
-    import numpy as np
-    import torch
-    torch.set_num_threads(args.threads)
     tmp = Path(args.tmp)
-    x = torch.from_numpy(np.load(tmp / f"{args.op}_input.npy"))
-    model, call = _call(args, tmp)
-    measure(call, x, model, 1, tmp / f"{args.op}_{args.worker}")
-
-
-def run(args, tmp: Path, op: str, name: str) -> dict:
-    py = args.comfy_python if name.startswith("core") else sys.executable
-    cmd = [py, str(Path(__file__).resolve()), "--worker", name, "--op", op, "--tmp", str(tmp),
-           "--threads", str(args.threads), "--tile", str(args.tile), "--comfyui", args.comfyui or ""]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"error": " | ".join(tail)}
-    return json.loads((tmp / f"{op}_{name}.json").read_text())
+    measure_saved(args.threads, tmp / f"{args.op}_input.npy", lambda: _call(args, tmp),
+                  tmp / f"{args.op}_{args.worker}")
 
 
 def main() -> None:
@@ -97,11 +74,8 @@ def main() -> None:
     p.add_argument("--runs", default=",".join(DECODE_RUNS))
     p.add_argument("--encode", action="store_true", help="also the encode runs (" + ",".join(ENCODE_RUNS) + ")")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--comfyui", help="ComfyUI source directory (for the core runs)")
-    p.add_argument("--comfy-python", help="ComfyUI's python (its venv)")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--op", help=argparse.SUPPRESS)
-    p.add_argument("--tmp", help=argparse.SUPPRESS)
+    core_flags(p)
+    worker_flags(p, op=str, tmp=str)
     a = p.parse_args()
     if a.worker:
         return worker(a)
@@ -123,12 +97,11 @@ def main() -> None:
               f"{TEMPLATE[0]}/{TEMPLATE[1]} px")
         print(f"{'op':<7} {'run':<15} {'time s':>8} {'cpu s':>8} {'working MiB':>12} {'w/o output':>11} {'max err':>9}")
         ref = {}
-        for op, name in plan:
-            r = run(a, tmp, op, name)
-            if "error" in r:
-                print(f"{op:<7} {name:<15}  FAILED: {r['error']}", flush=True)
-                continue
-            out = np.load(tmp / f"{op}_{name}.npy")
+        flags = ["--tmp", str(tmp), "--threads", str(a.threads), "--tile", str(a.tile), "--comfyui", a.comfyui or ""]
+        start = lambda step: run(__file__, step[1], ["--op", step[0], *flags], tmp / f"{step[0]}_{step[1]}",
+                                 a.comfy_python)
+        label = lambda step: f"{step[0]:<7} {step[1]:<15}  "
+        for (op, name), r, out in results(plan, start, label):
             ref.setdefault(op, out)
             err = float(np.abs(out - ref[op]).max()) if out.shape == ref[op].shape else float("nan")
             print(f"{op:<7} {name:<15} {r['best_s']:>8.1f} {r['cpu_s']:>8.1f} {r['working_set_mib']:>12.0f} "

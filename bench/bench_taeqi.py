@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_decode import measure
+from workers import measure_saved, ours_call, results, run, worker_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("reference", "ours", "ours_exact", "ours_fast")
@@ -64,19 +62,12 @@ def _runner(args, tmp: Path):
         return tae, lambda x: tae.encoder(torch.cat([x, torch.ones_like(x[:, :1])], 1)) * std + mean
     import vae
     v = vae.load(tmp / "taeqi2_1", dtype=torch.float32)
-    kw = {"ours": {}, "ours_fast": dict(tile=args.tile, overlap=args.tile // 4),
-          "ours_exact": dict(tile=args.tile, mode="exact")}[args.worker]
-    return v.model, (lambda z: v.decode(z, **kw)) if decode else (lambda x: v.encode(x, **kw))
+    return v.model, ours_call(v, args.worker, args.tile, encode=not decode)
 
 
 def worker(args) -> None:
-    import numpy as np
-    import torch
-    torch.set_num_threads(args.threads)
     tmp = Path(args.tmp)
-    x = torch.from_numpy(np.load(tmp / f"{args.op}_in.npy"))
-    model, fn = _runner(args, tmp)
-    measure(fn, x, model, 1, tmp / f"{args.worker}_{args.op}")
+    measure_saved(args.threads, tmp / f"{args.op}_in.npy", lambda: _runner(args, tmp), tmp / f"{args.worker}_{args.op}")
 
 
 def write_weights(args, tmp: Path) -> None:
@@ -91,16 +82,6 @@ def write_weights(args, tmp: Path) -> None:
         torch.save({k: v.half() for k, v in net.state_dict().items()}, tmp / f"taeqi2_1_{name}.pth")
 
 
-def run(args, tmp: Path, name: str) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--tmp", str(tmp), "--op", args.op,
-           "--threads", str(args.threads), "--tile", str(args.tile), "--reference", args.reference]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if proc.returncode:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-        return {"error": " | ".join(tail)}
-    return json.loads((tmp / f"{name}_{args.op}.json").read_text())
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reference", default=os.environ.get("TAESD_REFERENCE"),
@@ -110,8 +91,7 @@ def main() -> None:
     p.add_argument("--tile", type=int, default=512, help="our spatial tile, pixels")
     p.add_argument("--runs", default=",".join(RUNS))
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--tmp", help=argparse.SUPPRESS)
+    worker_flags(p, tmp=str)
     a = p.parse_args()
     if not a.reference or not Path(a.reference).is_file():
         p.error("give --reference PATH/TO/taesd.py (madebyollin/taesd at 401ce45e or later)")
@@ -132,13 +112,12 @@ def main() -> None:
         print(f"{'op':<7} {'run':<12} {'time s':>8} {'cpu s':>8} {'working MiB':>12} {'w/o output':>11} "
               f"{'max err':>9} {'mean err':>9}")
         for op in a.op.split(","):
-            a.op, ref = op, None
-            for name in a.runs.split(","):
-                r = run(a, tmp, name)
-                if "error" in r:
-                    print(f"{op:<7} {name:<12}  FAILED: {r['error']}", flush=True)
-                    continue
-                out = np.load(tmp / f"{name}_{op}.npy")
+            ref = None
+            flags = ["--tmp", str(tmp), "--op", op, "--threads", str(a.threads), "--tile", str(a.tile),
+                     "--reference", a.reference]
+            start = lambda name: run(__file__, name, flags, tmp / f"{name}_{op}", tail=2,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+            for name, r, out in results(a.runs.split(","), start, lambda name: f"{op:<7} {name:<12}  "):
                 ref = out if name == "reference" else ref
                 scale = 1.0 if op == "decode" or ref is None else float(np.abs(ref).max())
                 same = ref is not None and out.shape == ref.shape

@@ -37,7 +37,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from bench_decode import measure, run_child
+from bench_decode import run_child
+from workers import diffusers_from_file, measure_saved
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
@@ -65,14 +66,9 @@ MODES = ("default", "one-pass", "framewise", "exact")
 
 def _diffusers(family: str, weights: Path):
     import diffusers
-    import torch
-    from safetensors.torch import load_file
 
     cls_name, kwargs, _ = FAMILIES[family]
-    with torch.device("meta"):
-        model = getattr(diffusers, cls_name)(**kwargs)
-    model.load_state_dict(load_file(str(weights)), strict=True, assign=True)
-    model.eval().requires_grad_(False)
+    model = diffusers_from_file(getattr(diffusers, cls_name), weights, **kwargs).requires_grad_(False)
     # one pass, no framewise/temporal tiling (HunyuanVideo turns framewise decoding on by default)
     for flag in ("use_framewise_decoding", "use_framewise_encoding", "use_tiling"):
         if hasattr(model, flag):
@@ -80,7 +76,7 @@ def _diffusers(family: str, weights: Path):
 
     def decode(z):
         return (model.decode(z).sample / 2 + 0.5).clamp_(0, 1)
-    return decode, model
+    return model, decode
 
 
 def _ours(family: str, weights: Path, mode: str = "default"):
@@ -98,20 +94,16 @@ def _ours(family: str, weights: Path, mode: str = "default"):
         opts = {"default": {}, "one-pass": dict(tile_frames=r * t), "framewise": dict(tile_frames=r),
                 "exact": dict(tile_frames=r, tile=(-(-h // 2) * s, -(-w // 2) * s), mode="exact")}[mode]
         return v.decode(z, **opts)
-    return decode, v.model
+    return v.model, decode
 
 
 def worker(args) -> None:
-    import numpy as np
-    import torch
-
-    torch.set_num_threads(args.threads)
     tmp = Path(args.tmp)
     weights = tmp / f"{args.family}.safetensors"
-    z = torch.from_numpy(np.load(tmp / f"{args.family}_latent.npy"))
-    decode, model = (_diffusers(args.family, weights) if args.worker == "diffusers"
+    build = lambda: (_diffusers(args.family, weights) if args.worker == "diffusers"
                      else _ours(args.family, weights, args.worker.split(":", 1)[1]))
-    measure(decode, z, model, args.repeat, tmp / f"{args.family}_{args.worker.replace(':', '_')}")
+    measure_saved(args.threads, tmp / f"{args.family}_latent.npy", build,
+                  tmp / f"{args.family}_{args.worker.replace(':', '_')}", args.repeat)
 
 
 def _prepare(family: str, tmp: Path, frames: int, size: int) -> None:

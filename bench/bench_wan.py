@@ -31,13 +31,12 @@ Runs:
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_decode import measure
+import comfy_core
+from workers import core_flags, diffusers_from_file, measure_saved, ours_call, results, run, worker_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours_one_pass", "ours_framewise", "ours_fast", "ours_exact", "diffusers", "diffusers_tiled", "core",
@@ -46,23 +45,15 @@ RUNS = ("ours_one_pass", "ours_framewise", "ours_fast", "ours_exact", "diffusers
 
 def _decoder(args, tmp: Path):
     """The run's decode: latent -> pixels [B, 3, T, H, W] in 0..1."""
-    import torch
     from safetensors.torch import load_file
     if args.worker.startswith("diffusers"):
         import diffusers
-        with torch.device("meta"):
-            model = diffusers.AutoencoderKLWan()
-        model.load_state_dict(load_file(str(tmp / "wan_diffusers.safetensors")), strict=True, assign=True)
-        model.eval()
+        model = diffusers_from_file(diffusers.AutoencoderKLWan, tmp / "wan_diffusers.safetensors")
         if args.worker == "diffusers_tiled":
             model.enable_tiling()
         return model, lambda z: (model.decode(z).sample / 2 + 0.5).clamp_(0, 1)
     if args.worker.startswith("core"):
-        sys.path.insert(0, args.comfyui)
-        from comfy.cli_args import args as comfy_args
-        comfy_args.cpu = True                      # before comfy.model_management is imported
-        import comfy.sd
-        v = comfy.sd.VAE(sd=load_file(str(tmp / "wan_2.1_vae.safetensors")))
+        v = comfy_core.vae(args.comfyui, load_file(str(tmp / "wan_2.1_vae.safetensors")))
         if args.worker == "core":
             return v.first_stage_model, lambda z: v.decode(z).movedim(-1, 1)
         import nodes
@@ -71,11 +62,7 @@ def _decoder(args, tmp: Path):
     sys.path.insert(0, str(ROOT))
     import vae
     v = vae.load(tmp / "wan_2.1_vae.safetensors")
-    if args.worker == "ours_one_pass":
-        return v.model, lambda z: (v.model.decode(z) / 2 + 0.5).clamp_(0, 1)
-    kw = {"ours_framewise": {}, "ours_fast": dict(tile=args.tile, overlap=args.tile // 4),
-          "ours_exact": dict(tile=args.tile, mode="exact")}[args.worker]
-    return v.model, lambda z: v.decode(z, **kw)
+    return v.model, ours_call(v, args.worker, args.tile)
 
 
 def _core_tiled(node, v, z, tile: int):
@@ -85,13 +72,9 @@ def _core_tiled(node, v, z, tile: int):
 
 
 def worker(args) -> None:
-    import numpy as np
-    import torch
-    torch.set_num_threads(args.threads)
     tmp = Path(args.tmp)
-    z = torch.from_numpy(np.load(tmp / f"latent_{args.t}.npy"))
-    model, decode = _decoder(args, tmp)
-    measure(decode, z, model, 1, tmp / f"{args.worker}_{args.t}")
+    measure_saved(args.threads, tmp / f"latent_{args.t}.npy", lambda: _decoder(args, tmp),
+                  tmp / f"{args.worker}_{args.t}")
 
 
 def write_weights(tmp: Path) -> None:
@@ -110,18 +93,6 @@ def write_weights(tmp: Path) -> None:
               str(tmp / "wan_2.1_vae.safetensors"))
 
 
-def run(args, tmp: Path, name: str, t: int) -> dict:
-    py = args.comfy_python if name.startswith("core") else sys.executable
-    cmd = [py, str(Path(__file__).resolve()), "--worker", name, "--tmp", str(tmp), "--t", str(t),
-           "--threads", str(args.threads), "--tile", str(args.tile), "--core-tile", str(args.core_tile),
-           "--comfyui", args.comfyui or ""]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"error": " | ".join(tail)}
-    return json.loads((tmp / f"{name}_{t}.json").read_text())
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--frames", type=int, default=9, help="latent frames (pixel frames 1 + 4(t-1))")
@@ -132,11 +103,8 @@ def main() -> None:
     p.add_argument("--runs", default=",".join(RUNS))
     p.add_argument("--flat", action="store_true", help="ours frame-wise and exact at T and 4T latent frames")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--comfyui", help="ComfyUI source directory (for the core runs)")
-    p.add_argument("--comfy-python", help="ComfyUI's python (its venv)")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--tmp", help=argparse.SUPPRESS)
-    p.add_argument("--t", type=int, help=argparse.SUPPRESS)
+    core_flags(p)
+    worker_flags(p, tmp=str, t=int)
     a = p.parse_args()
     if a.worker:
         return worker(a)
@@ -159,12 +127,11 @@ def main() -> None:
         print(f"{'run':<16} {'frames':>6} {'time s':>8} {'cpu s':>8} {'working MiB':>12} {'w/o output':>11} {'max err':>9}")
         for t in frames:
             ref = None
-            for name in runs:
-                r = run(a, tmp, name, t)
-                if "error" in r:
-                    print(f"{name:<16} {1 + 4 * (t - 1):>6}  FAILED: {r['error']}")
-                    continue
-                out = np.load(tmp / f"{name}_{t}.npy")
+            flags = ["--tmp", str(tmp), "--t", str(t), "--threads", str(a.threads), "--tile", str(a.tile),
+                     "--core-tile", str(a.core_tile), "--comfyui", a.comfyui or ""]
+            start = lambda name: run(__file__, name, flags, tmp / f"{name}_{t}", a.comfy_python)
+            label = lambda name: f"{name:<16} {1 + 4 * (t - 1):>6}  "
+            for name, r, out in results(runs, start, label):
                 output_mib = out.size * 4 / 2 ** 20
                 if name == "ours_one_pass" or ref is None and not a.flat:
                     ref = out if name == "ours_one_pass" else ref

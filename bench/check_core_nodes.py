@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+import comfy_core
+
 ROOT = Path(__file__).resolve().parents[1]
 WAN22 = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, patch_size=2, in_channels=12,
              out_channels=12, scale_factor_spatial=16)
@@ -140,9 +142,7 @@ def _hooks(vae, model, shapes: dict) -> dict:
 
 
 def worker(a) -> None:
-    sys.path.insert(0, a.comfyui)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = True                       # before comfy.model_management is imported
+    comfy_core.start(a.comfyui)
     import comfy.model_management as mm
     import comfy.sd
     import nodes

@@ -12,15 +12,10 @@ import os
 import sys
 from pathlib import Path
 
+import comfy_core
 from check_core_nodes import _pack      # the repository imported as ComfyUI imports a custom node folder
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _comfy() -> None:
-    sys.path.insert(0, os.environ["COMFYUI_DIR"])
-    from comfy.cli_args import args
-    args.cpu = True                     # before comfy.model_management is imported
 
 
 def _normal(spec: dict) -> list:
@@ -39,7 +34,7 @@ def _normal(spec: dict) -> list:
 
 
 def main() -> int:
-    _comfy()
+    comfy_core.start(os.environ["COMFYUI_DIR"])
     pack = _pack()
     import torch
     from comfy_api.latest import io

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+import comfy_core
+
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
 LTX_091 = dict(decoder_block_out_channels=(256, 512, 1024), decoder_layers_per_block=(5, 6, 7, 8),
@@ -92,15 +94,11 @@ def causal_core(family: str, model: torch.nn.Module) -> None:
 def worker(a) -> None:
     """ComfyUI side (runs under ComfyUI's python): decode/encode every input, save the results; inputs
     marked ``_x`` (an expected difference) again with causal attention patched into core."""
-    sys.path.insert(0, a.comfyui)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = True                      # before comfy.model_management is imported
-    import comfy.sd
     from safetensors.torch import load_file, save_file
     torch.set_num_threads(a.threads)
     d = Path(a.worker)
     sd = load_file(d / "weights.safetensors")
-    v = comfy.sd.VAE(sd=sd)
+    v = comfy_core.vae(a.comfyui, sd)
     v.throw_exception_if_invalid()
     keys = set(v.first_stage_model.state_dict())
     inputs = load_file(d / "inputs.safetensors")

@@ -32,7 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_decode import measure
+import comfy_core
+from workers import core_flags, measure_saved, ours_call, results, run, worker_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
@@ -69,13 +70,10 @@ def write_weights(d: Path) -> None:
 
 
 def _core(comfyui: str, d: Path):
-    sys.path.insert(0, comfyui)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = True                      # before comfy.model_management is imported
-    import comfy.sd
+    comfy_core.start(comfyui)
     import comfy.utils
     sd, meta = comfy.utils.load_torch_file(str(d / FILE), return_metadata=True)
-    v = comfy.sd.VAE(sd=sd, metadata=meta)
+    v = comfy_core.vae(comfyui, sd, metadata=meta)
     v.throw_exception_if_invalid()
     return v
 
@@ -174,19 +172,12 @@ def _decoder(a, d: Path):
     sys.path.insert(0, str(ROOT))
     import vae
     v = vae.load(d / FILE)
-    kw = {"ours": {}, "ours_exact": dict(tile=a.tile, mode="exact"),
-          "ours_fast": dict(tile=a.tile, overlap=a.tile // 4)}[a.worker]
-    return v.model, lambda z: v.decode(z, **kw)
+    return v.model, ours_call(v, a.worker, a.tile)
 
 
 def memory_worker(a) -> None:
-    import numpy as np
-    import torch
-    torch.set_num_threads(a.threads)
     d = Path(a.tmp)
-    z = torch.from_numpy(np.load(d / "latent.npy"))
-    model, decode = _decoder(a, d)
-    measure(decode, z, model, 1, d / a.worker)
+    measure_saved(a.threads, d / "latent.npy", lambda: _decoder(a, d), d / a.worker)
 
 
 def memory(a, d: Path) -> None:
@@ -197,16 +188,9 @@ def memory(a, d: Path) -> None:
           f"{8 * t - 7} frames {a.height}x{a.width}, CPU, fp32, {a.threads} threads, our tile {a.tile} px")
     print(f"{'run':<12} {'time s':>8} {'cpu s':>8} {'working MiB':>12} {'w/o output':>11} {'max err':>9}")
     ref = None
-    for name in a.runs.split(","):
-        py = a.comfy_python if name.startswith("core") else sys.executable
-        cmd = [py, str(Path(__file__).resolve()), "--worker", name, "--tmp", str(d), "--threads", str(a.threads),
-               "--tile", str(a.tile), "--comfyui", a.comfyui or ""]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode:
-            print(f"{name:<12} FAILED: {' | '.join((proc.stderr or proc.stdout).strip().splitlines()[-2:])}")
-            continue
-        r = json.loads((d / f"{name}.json").read_text())
-        out = np.load(d / f"{name}.npy")
+    flags = ["--tmp", str(d), "--threads", str(a.threads), "--tile", str(a.tile), "--comfyui", a.comfyui or ""]
+    start = lambda name: run(__file__, name, flags, d / name, a.comfy_python, tail=2)
+    for name, r, out in results(a.runs.split(","), start, lambda name: f"{name:<12} "):
         ref = out if name == "ours" else ref
         err = float(np.abs(out - ref).max()) if ref is not None and out.shape == ref.shape else float("nan")
         print(f"{name:<12} {r['best_s']:>8.1f} {r['cpu_s']:>8.1f} {r['working_set_mib']:>12.0f} "
@@ -215,8 +199,7 @@ def memory(a, d: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--comfyui", help="ComfyUI source directory (the one with comfy/)")
-    p.add_argument("--comfy-python", help="ComfyUI's python (its venv)")
+    core_flags(p, "ComfyUI source directory (the one with comfy/)")
     p.add_argument("--memory", action="store_true", help="memory and time of one clip decode instead of parity")
     p.add_argument("--frames", type=int, default=3, help="latent frames (pixel frames 8t - 7)")
     p.add_argument("--height", type=int, default=256)
@@ -224,8 +207,7 @@ def main() -> None:
     p.add_argument("--tile", type=int, default=128, help="our spatial tile, pixels")
     p.add_argument("--runs", default=",".join(RUNS))
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--tmp", help=argparse.SUPPRESS)
+    worker_flags(p, tmp=str)
     a = p.parse_args()
     if a.worker == "parity":
         return parity_worker(a)

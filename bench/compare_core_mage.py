@@ -38,6 +38,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import comfy_core  # noqa: E402
+from workers import results, run  # noqa: E402
+
 SEED = 0
 WEIGHTS = "mage_flow_vae.safetensors"
 # name -> (op, shape): decode latents [B, 128, h, w], encode images [B, H, W, 3] (ComfyUI IMAGE)
@@ -57,9 +60,7 @@ RUNS = ("core_decode", "ours_decode", "ours_exact_decode", "core_encode", "ours_
 # ---- ComfyUI side (its python) ------------------------------------------------------------------
 
 def _comfy(comfyui: str):
-    sys.path.insert(0, comfyui)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = True                      # before comfy.model_management is imported
+    comfy_core.start(comfyui)
     import comfy.sd
     return comfy.sd
 
@@ -152,17 +153,9 @@ def bench(a, d: Path) -> None:
           f"-> {n}x{n}, encode {n}x{n}; ours exact: 512 px tiles")
     print(f"{'run':<18} {'time s':>8} {'cpu s':>8} {'working MiB':>12} {'max err vs core':>16}")
     ref = {}
-    for name in RUNS:
-        py = a.python if name.startswith("core") else sys.executable
-        cmd = [py, str(Path(__file__).resolve()), "--worker", name, "--worker-dir", str(d), "--comfyui", a.comfyui,
-               "--threads", str(a.threads), "--size", str(n)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-            print(f"{name:<18} FAILED: {' | '.join(tail)}", flush=True)
-            continue
-        r = json.loads((d / f"{name}_{n}.json").read_text())
-        y = np.load(d / f"{name}_{n}.npy")
+    flags = ["--worker-dir", str(d), "--comfyui", a.comfyui, "--threads", str(a.threads), "--size", str(n)]
+    start = lambda name: run(__file__, name, flags, d / f"{name}_{n}", a.python, tail=2)
+    for name, r, y in results(RUNS, start, lambda name: f"{name:<18} "):
         op = name.rsplit("_", 1)[1]
         ref.setdefault(op, y) if name.startswith("core") else None
         err = float(np.abs(y - ref[op]).max()) if op in ref and y.shape == ref[op].shape else float("nan")

@@ -44,6 +44,8 @@ from pathlib import Path
 
 import torch
 
+import comfy_core
+
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
 FP16, INT8 = "minimax_h3_video_vae_fp16.safetensors", "minimax_h3_video_vae_int8_convrot.safetensors"   # as ComfyUI names them
@@ -115,10 +117,7 @@ def random_weights(fields: dict, dtype=torch.float32) -> dict:
 
 def _core_model(a, weights: dict):
     """Core's model: the published one through comfy.sd.VAE, the tiny one from core's classes."""
-    sys.path.insert(0, a.comfyui)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = True                       # before comfy.model_management is imported
-    comfy_args.use_pytorch_cross_attention = a.core_attention == "pytorch"
+    comfy_core.start(a.comfyui, pytorch_attention=a.core_attention == "pytorch")
     import comfy.ldm.minimax.vae as mm
     import comfy.ops
     import comfy.utils
@@ -126,8 +125,7 @@ def _core_model(a, weights: dict):
         newer_tiled_decode(mm, a.newer_tiled_decode)
     attention = mm.optimized_attention.__name__
     if not a.size.startswith("tiny"):
-        import comfy.sd
-        v = comfy.sd.VAE(sd=weights)
+        v = comfy_core.vae(a.comfyui, weights)
         v.throw_exception_if_invalid()
         decode = lambda z: v.decode(z).movedim(-1, 1)
         encode = lambda x: v.encode(x[0].movedim(0, -1))            # an IMAGE batch [T, H, W, 3] is one clip
@@ -176,9 +174,7 @@ def _quantize(a) -> None:
     """The int8 file, by core's own quantizer (comfy_kitchen: rotate each 256-column group by the
     normalised Hadamard matrix, then per-row int8), for the blocks' Linears as ComfyUI's file has them;
     the tiny model's (``--size tiny_int8``: 128 wide) in groups of 64."""
-    sys.path.insert(0, a.comfyui)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = True
+    comfy_core.start(a.comfyui)
     import comfy.quant_ops
     from safetensors.torch import load_file, save_file
     d = Path(a.worker)

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+import comfy_core
+
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
 PUBLISHED = dict(widths=(128, 256, 512, 512), layers_per_block=2, temporal=(False, True, True))
@@ -60,15 +62,11 @@ def published_weights(seed: int = SEED) -> dict:
 
 def worker(a) -> None:
     """Core's side: every case through comfy.sd.VAE (and the tiled node calls), results saved."""
-    sys.path.insert(0, a.comfyui)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = True                      # before comfy.model_management is imported
-    import comfy.sd
     from safetensors.torch import load_file, save_file
     torch.set_num_threads(a.threads)
     d = Path(a.worker)
     sd = load_file(d / "weights.safetensors")
-    v = comfy.sd.VAE(sd=sd)
+    v = comfy_core.vae(a.comfyui, sd)
     keys = set(v.first_stage_model.state_dict())
     inputs = load_file(d / "inputs.safetensors")
     image = lambda x: x[0].movedim(0, -1)                   # [1, 3, T, H, W] -> IMAGE batch [T, H, W, 3]
@@ -162,23 +160,14 @@ def main() -> None:
             for k in ("decode_t5", "encode_T17"):
                 print(row(f"core chunks vs one pass ({k})", core[k + "_chunks"], core[k + "_whole"],
                           "core's model: its slicing + 0.5 GiB splits vs neither ([-1, 1] / raw mean)"))
-            if not a.skip_tiles:
-                z, x = inputs["tiles_decode"], inputs["tiles_encode"]
-                untiled = core["tiles_decode"]
-                print(row("tiles decode: core untiled", v.decode(z), untiled, "ours untiled vs core untiled"))
-                print(row("tiles decode: core tiled 512/128", core["tiles_decode_tiled"], untiled,
-                          "core VAE Decode (Tiled) vs core untiled"))
-                print(row("tiles decode: ours fast 512/128", v.decode(z, tile=t["tile"], overlap=t["overlap"]),
+            for op in () if a.skip_tiles else ("decode", "encode"):
+                x, untiled, call = inputs[f"tiles_{op}"], core[f"tiles_{op}"], getattr(v, op)
+                print(row(f"tiles {op}: core untiled", call(x), untiled, "ours untiled vs core untiled"))
+                print(row(f"tiles {op}: core tiled 512/128", core[f"tiles_{op}_tiled"], untiled,
+                          f"core VAE {op.capitalize()} (Tiled) vs core untiled"))
+                print(row(f"tiles {op}: ours fast 512/128", call(x, tile=t["tile"], overlap=t["overlap"]),
                           untiled, "ours fast tiles vs core untiled"))
-                print(row("tiles decode: ours exact 512", v.decode(z, tile=t["tile"], mode="exact"), untiled,
-                          "ours exact tiles vs core untiled"))
-                untiled = core["tiles_encode"]
-                print(row("tiles encode: core untiled", v.encode(x), untiled, "ours untiled vs core untiled"))
-                print(row("tiles encode: core tiled 512/128", core["tiles_encode_tiled"], untiled,
-                          "core VAE Encode (Tiled) vs core untiled"))
-                print(row("tiles encode: ours fast 512/128", v.encode(x, tile=t["tile"], overlap=t["overlap"]),
-                          untiled, "ours fast tiles vs core untiled"))
-                print(row("tiles encode: ours exact 512", v.encode(x, tile=t["tile"], mode="exact"), untiled,
+                print(row(f"tiles {op}: ours exact 512", call(x, tile=t["tile"], mode="exact"), untiled,
                           "ours exact tiles vs core untiled"))
 
 
