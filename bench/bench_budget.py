@@ -2,6 +2,7 @@
 exact tiles, and the plans for sizes this machine cannot run.
 
     python bench/bench_budget.py scaling --family wan             # the issue's table for Wan 2.1
+    python bench/bench_budget.py scaling --family wan --sizes 256x384x17,512x768x17 --tile 256x192 --kinds exact
     python bench/bench_budget.py scaling --family hunyuan_video15 --sizes 256x384x9,512x768x9
     python bench/bench_budget.py scaling --family qwen --sizes 2048x2048x1 --tile 512
     python bench/bench_budget.py scaling --family ltx_diffusion --sizes 256x256x17 --tile 128
@@ -90,7 +91,8 @@ def worker(a) -> None:
     torch.set_num_threads(a.threads)
     v = vae.load(a.weights)
     z = _latent(a.family, a.size)
-    kw = {} if a.kind == "one_pass" else dict(tile=a.tile, mode="exact")
+    tile = tuple(map(int, a.tile.split("x"))) if "x" in a.tile else int(a.tile)       # HxW or one side
+    kw = {} if a.kind == "one_pass" else dict(tile=tile, mode="exact")
     cpu = torch.device("cpu")
     p = budget.predict(v, v.call_for("decode", z.shape, **kw), cpu, cpu)
     Path(f"{a.out}.pred.json").write_text(json.dumps(dict(device=p.device, maps=p.maps, output=p.output, live=p.live)))
@@ -177,7 +179,7 @@ def main() -> None:
     p.add_argument("--family", default="wan", choices=tuple(FAMILIES))
     p.add_argument("--sizes", help="HxWxT pixel sizes, comma-separated")
     p.add_argument("--kinds", default="one_pass,exact")
-    p.add_argument("--tile", type=int, default=256)
+    p.add_argument("--tile", default="256", help="exact tile, pixels: one side, or HxW")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--budget", type=float, default=4.0, help="GB, for plans")
     p.add_argument("--cases", help="plans: only these families' cases, comma-separated")
