@@ -155,8 +155,6 @@ class _Coroutine:
 
 # ---- the run ------------------------------------------------------------------------------------
 
-
-
 def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans], in_unit: int, out_unit: int,
               out_device: torch.device, chunks: Optional[tuple[Spans, Spans]] = None, probe_size: int = 4,
               progress: Optional[Progress] = None, offload: Optional[torch.device] = None,
