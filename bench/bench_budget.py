@@ -11,16 +11,16 @@ exact tiles, and the plans for sizes this machine cannot run.
 
 Weights: each family's published config (diffusers' class where it has one: Wan 2.1 = AutoencoderKLWan(),
 also Qwen-Image's VAE; HunyuanVideo 1.5; LTX-2.3 with its published flags; SD-shape AutoencoderKL; LTX-2.5's
-diffusion VAE as bench/compare_core_ltx_diffusion.py writes it, the shipped layout and metadata) with
+diffusion VAE as bench/comfyui_checks/compare_core_ltx_diffusion.py writes it, the shipped layout and metadata) with
 random weights under a fixed seed, saved once to a temporary .safetensors file that ours loads. Latents
 randn under a fixed seed. Each run is its own subprocess (CPU, fp32, ``--threads``), measured as
 bench/bench_decode.py measures (peak RSS after load: the working set, output included; the process's CPU
 time of the call). "one pass" is ``VAE.decode(z)`` untiled: for Wan and HunyuanVideo 1.5 their own
 chunked definition (one and two latent frames at a time, equal to the whole clip at once), the
 reference every exact figure is compared with (max abs on 0..1 pixels). ``predicted`` is the planner's
-figure for the same call (vae/budget.py: calibrated device peak + maps + output, all on the CPU here),
+figure for the same call (vae/engine/budget.py: calibrated device peak + maps + output, all on the CPU here),
 computed in the worker before the call; ``fit`` is the factor that run implies with the CPU's fixed bytes:
-(measured - maps - output - fixed) / the tracker's live peak, what vae/memory.py's CALIBRATION is fitted to.
+(measured - maps - output - fixed) / the tracker's live peak, what vae/engine/memory.py's CALIBRATION is fitted to.
 
 Plans (``plans``): the planner's choice for a budget on a GPU with host memory as the offload device,
 in bf16, from the meta measurement alone (nothing is decoded): tile, chunk, predicted device bytes, what
@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_decode import KL_SHAPE, measure  # noqa: E402
+from harness.measure import measure  # noqa: E402
+from bench_decode import KL_SHAPE  # noqa: E402
 from bench_video import FAMILIES as VIDEO  # noqa: E402
 
 # family -> (diffusers class, kwargs, latent channels, spatial ratio, temporal ratio or None)
@@ -58,7 +59,7 @@ SIZES = {"wan": "256x384x9,512x768x9,256x384x45,512x768x17", "hunyuan_video15": 
 
 def _weights(family: str, folder: Path) -> Path:
     if FAMILIES[family][0] is None:
-        import compare_core_ltx_diffusion as writer
+        from comfyui_checks import compare_core_ltx_diffusion as writer
         if not (folder / writer.FILE).exists():
             writer.write_weights(folder)
         return folder / writer.FILE
@@ -87,7 +88,7 @@ def _latent(family: str, size: str):
 def worker(a) -> None:
     import torch
     import vae
-    from vae import budget
+    from vae.engine import budget
     torch.set_num_threads(a.threads)
     v = vae.load(a.weights)
     z = _latent(a.family, a.size)
@@ -118,7 +119,7 @@ MIB = 2 ** 20
 
 def scaling(a) -> None:
     import numpy as np
-    from vae import memory
+    from vae.engine import memory
     fixed = memory.calibration("cpu")[1]
     sizes = (a.sizes or SIZES[a.family]).split(",")
     kinds = a.kinds.split(",")
@@ -152,7 +153,7 @@ def scaling(a) -> None:
 def plans(a) -> None:
     import torch
     import vae
-    from vae import budget, memory
+    from vae.engine import budget, memory
     gpu, host = torch.device("cuda"), torch.device("cpu")
     cases = [("wan", "1280x720x81"), ("wan", "1920x1080x241"), ("ltx2.3", "1920x1088x121"), ("kl", "2048x2048x1"),
              ("ltx_diffusion", "1280x704x121")]

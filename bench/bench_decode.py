@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import math
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -36,6 +34,8 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+
+from harness.measure import MIB, cpu_s, loaded_rss_kib, maxrss_kib, reset_peak, vm_hwm_kib
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
@@ -58,103 +58,13 @@ CONFIGS = {
 REFERENCE = {"diffusers": None, "ours": "diffusers", "ours_t512": "ours", "ours_t256": "ours",
              "diffusers_tiling": "diffusers", "diffusers_tiling_256": "diffusers"}
 TARGET = {"ours": 1.0, "ours_t512": 1.15, "ours_t256": 1.15}   # max ratio vs REFERENCE (best times)
-MIB = 1024.0
 
 
 # ---- worker (one configuration, one process) -------------------------------------------------------
 
-def _vm_rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def _maxrss_kib() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux
-
-
-def _vm_hwm_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return _maxrss_kib()
-
-
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _reset_peak() -> bool:
-    """Reset the peak-RSS mark to the current RSS (Linux >= 4.0); False where not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return _maxrss_kib() <= _vm_rss_kib() + 1024
-
-
-def loaded_rss_kib(model, copy: bool = False) -> int:
-    """RSS once every weight of ``model`` has been read: safetensors weights may stay memory-mapped and be
-    paged in on first use, and paging them in is loading, not the call. With ``copy`` every weight is
-    copied into the process's own memory instead (see measure)."""
-    import torch
-
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            if copy:
-                t.data = t.data.clone()
-            else:
-                t.sum()
-    gc.collect()
-    return _vm_rss_kib()
-
-
-def run_child(cmd: list[str], env: dict) -> bool:
-    """Run one worker process; on failure print its last error line."""
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        print(f"    FAILED ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", flush=True)
-    return proc.returncode == 0
-
-
-def measure(fn, x, model, repeat: int, out_stem: Path) -> None:
-    """One worker's measurement: copy every weight of ``model`` into the process's own memory (that is
-    loading, not the call), reset the peak-RSS mark, time ``repeat`` calls of ``fn(x)``; the last output
-    goes to ``out_stem``.npy, the figures (times, the best call's process CPU time, RSS after load, peak,
-    working set) to ``out_stem``.json.
-
-    Weights read from a .safetensors file are pages of the mapped file: on a busy machine the kernel
-    may drop them during the call and read them again, and the RSS peak then misses the working set by
-    as much (measured: HunyuanVideo 1.5, 256x384x9, 1528 MiB under memory pressure against 3082 MiB
-    alone). Copied, they stay resident like the weights a ComfyUI model holds after load_state_dict."""
-    import numpy as np
-    import torch
-
-    rss_load = loaded_rss_kib(model, copy=True)
-    reset = _reset_peak()
-    times, cpu, out = [], [], None
-    with torch.inference_mode():
-        for _ in range(repeat):
-            out = None
-            t0, c0 = time.perf_counter(), _cpu_s()
-            out = fn(x)
-            times.append(time.perf_counter() - t0)
-            cpu.append(_cpu_s() - c0)
-    peak = _vm_hwm_kib()      # not ru_maxrss: it also keeps exited threads' peaks from before the reset
-    np.save(f"{out_stem}.npy", out.float().numpy())
-    Path(f"{out_stem}.json").write_text(json.dumps(dict(
-        times_s=times, best_s=min(times), cpu_s=cpu[times.index(min(times))], rss_after_load_mib=rss_load / MIB,
-        peak_rss_mib=peak / MIB, working_set_mib=(peak - rss_load) / MIB, peak_reset=reset, shape=list(out.shape))))
-
-
 def _load_diffusers(weights: Path, tile):
     from diffusers import AutoencoderKL
-    from workers import diffusers_from_file
+    from harness.workers import diffusers_from_file
 
     model = diffusers_from_file(AutoencoderKL, weights, **KL_SHAPE).requires_grad_(False)
     note = ""
@@ -187,7 +97,7 @@ def _load_diffusers(weights: Path, tile):
 def _load_ours(weights: Path, tile, overlap):
     sys.path.insert(0, str(ROOT))
     import vae
-    from vae import tiling
+    from vae.engine import tiling
 
     v = vae.load(weights)
 
@@ -217,8 +127,8 @@ def worker(args) -> None:
     else:
         decode, tiles, note, model = _load_ours(weights, tile, overlap)
     rss_load = loaded_rss_kib(model)      # the weights paged in: loading, not the decode's working set
-    peak_load = _maxrss_kib()
-    reset = _reset_peak()
+    peak_load = maxrss_kib()
+    reset = reset_peak()
 
     if args.profile:
         _profile(decode, z, label)
@@ -228,18 +138,18 @@ def worker(args) -> None:
     with torch.inference_mode():
         for _ in range(args.repeat):
             out = None
-            c0, t0 = _cpu_s(), time.perf_counter()
+            c0, t0 = cpu_s(), time.perf_counter()
             out = decode(z)
             times.append(time.perf_counter() - t0)
-            cpu.append(_cpu_s() - c0)
-    peak = _vm_hwm_kib()      # not ru_maxrss: it also keeps exited threads' peaks from before the reset
+            cpu.append(cpu_s() - c0)
+    peak = vm_hwm_kib()      # not ru_maxrss: it also keeps exited threads' peaks from before the reset
     np.save(tmp / f"{args.worker}.npy", out.float().numpy())
     n_tiles, tile_px = tiles(z.shape[-2:])
     result = dict(config=args.worker, label=label, library=lib, tile=tile, overlap=overlap,
                   tiles=n_tiles, tile_px=tile_px, note=note, times_s=times, best_s=min(times),
                   mean_s=sum(times) / len(times), cpu_s=cpu, cpu_best_s=min(cpu),
                   rss_after_load_mib=rss_load / MIB, peak_load_mib=peak_load / MIB, peak_rss_mib=peak / MIB,
-                  vm_hwm_mib=_vm_hwm_kib() / MIB, working_set_mib=(peak - rss_load) / MIB,
+                  vm_hwm_mib=vm_hwm_kib() / MIB, working_set_mib=(peak - rss_load) / MIB,
                   peak_reset=reset, threads=torch.get_num_threads())
     (tmp / f"{args.worker}.json").write_text(json.dumps(result))
 

@@ -45,11 +45,11 @@ def worker(a) -> None:
 
     import numpy as np
     import torch
-    from bench_decode import _cpu_s, _reset_peak, _vm_hwm_kib, _vm_rss_kib
+    from harness.measure import cpu_s, reset_peak, vm_hwm_kib, vm_rss_kib
     from safetensors.torch import load_file
 
     import vae
-    from vae import distributed
+    from vae.engine import distributed
     torch.set_num_threads(max(1, a.threads))
     v = vae.load(a.weights)
     x = load_file(a.input)["x"]
@@ -68,14 +68,14 @@ def worker(a) -> None:
     with torch.no_grad():                     # page every weight in: that is loading, not the call
         for t in v.model.parameters():
             t.sum()
-    rss_load, reset = _vm_rss_kib(), _reset_peak()
-    t0, c0 = time.perf_counter(), _cpu_s()
+    rss_load, reset = vm_rss_kib(), reset_peak()
+    t0, c0 = time.perf_counter(), cpu_s()
     with torch.inference_mode():
         out = fn(x)
-    wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
+    wall, cpu = time.perf_counter() - t0, cpu_s() - c0
     # VmHWM (this process's peak, which the reset set to its RSS), not ru_maxrss: that also keeps the
     # peak of exited threads (gloo's, exact mode's tile threads) from before the reset
-    peak = _vm_hwm_kib()
+    peak = vm_hwm_kib()
     np.save(f"{a.out}.npy", out.numpy())
     Path(f"{a.out}.json").write_text(json.dumps(dict(best_s=wall, cpu_s=cpu, working_set_mib=(peak - rss_load) / 1024,
                                                      peak_reset=reset)))

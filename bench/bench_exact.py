@@ -30,9 +30,10 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-import comfy_core  # noqa: E402
-from bench_decode import KL_SHAPE, MIB, _reset_peak, _vm_hwm_kib, _vm_rss_kib, loaded_rss_kib  # noqa: E402
-from workers import worker_flags  # noqa: E402
+from harness import comfy_core  # noqa: E402
+from harness.measure import MIB, reset_peak, vm_hwm_kib, vm_rss_kib, loaded_rss_kib  # noqa: E402
+from bench_decode import KL_SHAPE  # noqa: E402
+from harness.workers import worker_flags  # noqa: E402
 
 SEED = 0
 # config -> (engine, mode, tile px, overlap px)
@@ -85,7 +86,7 @@ def worker(a) -> None:
     model = v.first_stage_model if engine == "core" else v.model
     rss = loaded_rss_kib(model)    # page in memory-mapped weights now: loading is not the decode's working set
     # VmHWM, not ru_maxrss: after exec, ru_maxrss keeps the forking parent's peak (our parent holds models)
-    if not _reset_peak() and _vm_hwm_kib() > _vm_rss_kib() + 1024:
+    if not reset_peak() and vm_hwm_kib() > vm_rss_kib() + 1024:
         print("warning: could not reset the peak-RSS mark; working sets include loading", file=sys.stderr)
     with torch.inference_mode():
         t0 = time.perf_counter()
@@ -93,14 +94,14 @@ def worker(a) -> None:
         seconds = time.perf_counter() - t0
     torch.save(out.float().clamp(0, 1).contiguous(), tmp / f"{a.model}_{a.worker}.pt")
     (tmp / f"{a.model}_{a.worker}.json").write_text(json.dumps(
-        dict(seconds=seconds, working_set_mib=(_vm_hwm_kib() - rss) / MIB, peak_rss_mib=_vm_hwm_kib() / MIB,
+        dict(seconds=seconds, working_set_mib=(vm_hwm_kib() - rss) / MIB, peak_rss_mib=vm_hwm_kib() / MIB,
              rss_after_load_mib=rss / MIB)))
 
 
 def seam_map(diff, path: Path, gain: float) -> None:
     """abs difference to untiled, amplified, as an 8-bit PNG (max over channels)."""
     sys.path.insert(0, str(ROOT))
-    from vae import imageio
+    from vae.files import imageio
     m = (diff.amax(dim=1)[0] * gain).clamp(0, 1)
     imageio.write_image(path, m[..., None].expand(*m.shape, 3))
 

@@ -30,8 +30,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from bench_decode import run_child  # noqa: E402
-from workers import diffusers_from_file, measure_saved  # noqa: E402
+from harness.measure import run_child  # noqa: E402
+from harness.workers import diffusers_from_file, measure_saved  # noqa: E402
 
 SEED = 0
 STATS_VAR = (0.25, 4.0)     # BatchNorm variances at a latent's scale (log-uniform)

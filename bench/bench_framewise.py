@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_decode import MIB, _maxrss_kib, _reset_peak, loaded_rss_kib
-from workers import diffusers_from_file
+from harness.measure import MIB, maxrss_kib, reset_peak, loaded_rss_kib
+from harness.workers import diffusers_from_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours_framewise", "ours_one_pass", "diffusers")
@@ -58,12 +58,12 @@ def worker(args) -> None:
         frames = 4 if args.worker == "ours_framewise" else None
         decode = lambda z: v.decode(z, tile_frames=frames)
     rss = loaded_rss_kib(model)
-    reset = _reset_peak()
+    reset = reset_peak()
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = decode(z)
         dt = time.perf_counter() - t0
-    peak = _maxrss_kib()
+    peak = maxrss_kib()
     np.save(tmp / f"{args.worker}_{args.t}.npy", out.numpy())
     (tmp / f"{args.worker}_{args.t}.json").write_text(json.dumps(dict(
         s=dt, working_mib=(peak - rss) / MIB, output_mib=out.numel() * 4 / 2 ** 20, reset=reset)))

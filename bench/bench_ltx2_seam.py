@@ -57,7 +57,7 @@ def main() -> None:
     from safetensors.torch import save_file
 
     import vae
-    from vae import tiling
+    from vae.engine import tiling
     from vae.archs import ltx
 
     cls, kwargs, channels = FAMILIES["ltx2" if args.version == "2.0" else "ltx2.3"]

@@ -30,9 +30,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import comfy_core
-from bench_decode import measure
-from workers import core_flags, results, run, worker_flags
+from harness import comfy_core
+from harness.measure import measure
+from harness.workers import core_flags, results, run, worker_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours", "core_newer", "ours_stitch", "core", "core_sdpa")
@@ -47,7 +47,7 @@ def _fns(a, path: Path):
         import comfy.sd
         import comfy.utils
         if a.worker == "core_newer":
-            from compare_core_minimax import newer_tiled_decode
+            from comfyui_checks.compare_core_minimax import newer_tiled_decode
             newer_tiled_decode(mm, a.newer_tiled_decode)
         v = comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(path)))
         return (lambda z: v.decode(z).movedim(-1, 1), lambda x: v.encode(x[0].movedim(0, -1)),
@@ -105,7 +105,7 @@ def main() -> None:
     import torch
     from safetensors.torch import save_file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from compare_core_minimax import PUBLISHED, random_weights
+    from comfyui_checks.compare_core_minimax import PUBLISHED, random_weights
     if (a.frames - 5) % 17:
         p.error("--frames must be 17k + 5 (22, 39, 56, ...)")
     if a.height % 16 or a.width % 16:

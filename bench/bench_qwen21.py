@@ -34,8 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import comfy_core
-from workers import core_flags, diffusers_from_file, measure_saved, ours_call, results, run, worker_flags
+from harness import comfy_core
+from harness.workers import core_flags, diffusers_from_file, measure_saved, ours_call, results, run, worker_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours", "ours_exact", "ours_fast", "diffusers", "diffusers_tiled", "core")

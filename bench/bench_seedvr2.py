@@ -27,8 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import comfy_core
-from workers import core_flags, measure_saved, ours_call, results, run, worker_flags
+from harness import comfy_core
+from harness.workers import core_flags, measure_saved, ours_call, results, run, worker_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODE_RUNS = ("ours_one_pass", "ours_framewise", "ours_exact", "ours_fast", "core", "core_tiled")
@@ -81,7 +81,7 @@ def main() -> None:
         return worker(a)
     import numpy as np
     from safetensors.torch import save_file
-    from compare_core_seedvr2 import published_weights
+    from comfyui_checks.compare_core_seedvr2 import published_weights
     plan = [("decode", r) for r in a.runs.split(",")] + [("encode", r) for r in ENCODE_RUNS if a.encode]
     if not a.comfyui:
         plan = [(op, r) for op, r in plan if not r.startswith("core")]

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 import vae  # noqa: E402
 from vae.demo import psnr  # noqa: E402
-from vae.imageio import read_image  # noqa: E402
+from vae.files.imageio import read_image  # noqa: E402
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from workers import measure_saved, ours_call, results, run, worker_flags
+from harness.workers import measure_saved, ours_call, results, run, worker_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("reference", "ours", "ours_exact", "ours_fast")

@@ -37,8 +37,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from bench_decode import run_child
-from workers import diffusers_from_file, measure_saved
+from harness.measure import run_child
+from harness.workers import diffusers_from_file, measure_saved
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0

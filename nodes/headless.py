@@ -13,10 +13,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..vae import filekind, outputs
+from ..vae.files import filekind, outputs
 from ..vae.errors import InputError, VAEKitError
-from ..vae.imageio import read_image, write_animated_webp, write_image
-from ..vae.latents import read_latent_file, write_latent_file
+from ..vae.files.imageio import read_image, write_animated_webp, write_image
+from ..vae.files.latents import read_latent_file, write_latent_file
 from . import NODE_CLASS_MAPPINGS
 from .inputs import problem as input_problem
 
@@ -52,7 +52,7 @@ class WorkflowError(InputError):
 
 def _save_all(prefix: str, ext: str, items: Sequence, write, width: int = 0, height: int = 0) -> list[str]:
     """Save Image's naming (ComfyUI's counters, never overwriting, prefix confined to the output
-    folder) and all-or-nothing writes (vae/outputs.py)."""
+    folder) and all-or-nothing writes (vae/files/outputs.py)."""
     folder, name, counter = outputs.save_path(prefix, _Dirs.output, width, height)
     folder.mkdir(parents=True, exist_ok=True)
     paths = [outputs.numbered(folder, name, counter + i, ext) for i in range(len(items))]

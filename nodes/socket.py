@@ -11,7 +11,8 @@ from typing import Optional
 
 import torch
 
-from ..vae import VAE, checks, from_state_dict, tiling
+from ..vae import VAE, checks, from_state_dict
+from ..vae.engine import tiling
 from ..vae.errors import InputError, VAEKitError
 from ..vae.handle import MODES, check_divisible
 from . import _comfy

@@ -196,7 +196,7 @@ def _prepare(engine, op: str = None, shape=None, **plan):
 
 
 def _budget(engine, gb: float, need) -> dict:
-    """The ``budget`` keyword for our VAE's call (vae/budget.py), from the node's ``max_memory``."""
+    """The ``budget`` keyword for our VAE's call (vae/engine/budget.py), from the node's ``max_memory``."""
     if not isinstance(gb, (int, float)) or isinstance(gb, bool) or not gb >= 0:
         raise InputError(f"max_memory is {gb!r}.", input="max_memory",
                          fix="give a budget in GB (e.g. 4), or 0 for what ComfyUI says is free.")

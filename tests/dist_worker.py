@@ -3,7 +3,7 @@
     python tests/dist_worker.py --rank R --world N --init file:///... --cases cases.json --out DIR
 
 Runs every case of ``cases.json`` (the same list on every rank, as torchrun would) inside
-``vae.distributed.ranks()``, writes each output to ``DIR/<case>.<rank>.safetensors`` and what became
+``vae.engine.distributed.ranks()``, writes each output to ``DIR/<case>.<rank>.safetensors`` and what became
 of each case to ``DIR/status.<rank>.json``; a case may inject a failure or an interrupt on one rank."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch.distributed as dist  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import vae  # noqa: E402
-from vae import distributed  # noqa: E402
+from vae.engine import distributed  # noqa: E402
 
 
 def _progress(case: dict, rank: int, totals: dict):

@@ -14,8 +14,8 @@ SHARED_DATA = Path(os.environ.get("VAEKIT_TAEF2_DIR") or ROOT.parent / "shared" 
 
 def load_pack():
     """Import the repo root as the package 'vaekit', as ComfyUI imports a custom node folder; its
-    library is this ``vae`` (one copy, one set of classes: vae/pack.py)."""
-    from vae.pack import load_pack as load
+    library is this ``vae`` (one copy, one set of classes: vae/cli/pack.py)."""
+    from vae.cli.pack import load_pack as load
     return load()
 
 

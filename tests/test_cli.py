@@ -48,7 +48,7 @@ def test_bad_file_is_one_line_without_traceback(tmp_path):
 
 @pytest.fixture
 def cli(capsys):
-    from vae import cli as module
+    from vae.cli import commands as module
 
     def run(*args):
         code = module.main([str(a) for a in args])
@@ -60,8 +60,8 @@ def cli(capsys):
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """A 64x64 crop of the sample as PNG, its latent, and an input folder holding both."""
-    from vae.imageio import read_image, write_image
-    from vae.latents import write_latent_file
+    from vae.files.imageio import read_image, write_image
+    from vae.files.latents import write_latent_file
     import vae
     d = tmp_path_factory.mktemp("inputs")
     img = read_image(DEMO / "vaekit_sample.png")[:64, :64]
@@ -90,7 +90,7 @@ def test_usage_mistakes_exit_2(cli, small):
 @pytest.fixture
 def no_work(monkeypatch):
     """Fail the test if a VAE is loaded: the mistake must be found before any work."""
-    from vae import cli as module
+    from vae.cli import commands as module
 
     def load(*a, **k):
         raise AssertionError("the VAE was loaded before the mistake was reported")
@@ -149,8 +149,8 @@ def test_decode_counts_up_like_save_image(cli, small, tmp_path):
 
 @pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()])
 def test_a_failed_write_leaves_nothing(cli, small, tmp_path, monkeypatch, error):
-    from vae import cli as module
-    from vae.imageio import write_image
+    from vae.cli import commands as module
+    from vae.files.imageio import write_image
     calls = []
 
     def second_fails(path, image):
@@ -161,7 +161,7 @@ def test_a_failed_write_leaves_nothing(cli, small, tmp_path, monkeypatch, error)
         write_image(path, image)
     monkeypatch.setattr(module, "write_image", second_fails)
     batch = small / "batch2.latent"
-    from vae.latents import read_latent_file, write_latent_file
+    from vae.files.latents import read_latent_file, write_latent_file
     write_latent_file(batch, read_latent_file(small / "small.latent").repeat(3, 1, 1, 1))
     code, out, err = cli("decode", "--vae", WEIGHTS, "-o", tmp_path / "dec", batch)
     assert code == (130 if isinstance(error, KeyboardInterrupt) else 1) and "no partly written output" in _one_line(err)
@@ -170,7 +170,7 @@ def test_a_failed_write_leaves_nothing(cli, small, tmp_path, monkeypatch, error)
 
 def test_latent_write_failure_leaves_no_partial_file(tmp_path, monkeypatch):
     import safetensors.torch
-    from vae.latents import write_latent_file
+    from vae.files.latents import write_latent_file
 
     def half(tensors, path):
         open(path, "wb").write(b"half")
@@ -263,7 +263,7 @@ def test_the_bar_counts_up_and_ends_its_line():
 
 @pytest.mark.parametrize("quiet", [False, True])
 def test_decode_and_run_draw_the_bar_on_a_terminal_unless_quiet(small, tmp_path, monkeypatch, quiet):
-    from vae import cli as module
+    from vae.cli import commands as module
     term = _Terminal()
     monkeypatch.setattr(sys, "stderr", term)
     flag = ["-q"] if quiet else []
@@ -288,7 +288,7 @@ class _Pipe(_Terminal):
 
 @pytest.mark.parametrize("stream, drawn", [(_Terminal, True), (_Pipe, False)])
 def test_encode_draws_the_bar_only_on_a_terminal(small, tmp_path, monkeypatch, stream, drawn):
-    from vae import cli as module
+    from vae.cli import commands as module
     err = stream()
     monkeypatch.setattr(sys, "stderr", err)
     assert module.main(["encode", "--vae", str(WEIGHTS), "--tile", "256", "--overlap", "32",
@@ -360,7 +360,7 @@ def test_run_never_reports_an_output_it_did_not_write(pack, cli, small, tmp_path
 
 
 def test_help_shows_the_default_tile_and_overlap(cli):
-    from vae import cli as module
+    from vae.cli import commands as module
     for command in ("decode", "encode"):
         text = module._parser()._subparsers._group_actions[0].choices[command].format_help()
         assert "default: 512" in text and "(default: 64)" in text
@@ -387,8 +387,8 @@ def test_demo_and_info_take_quiet_and_the_demo_leaves_nothing(cli, tmp_path, mon
 
 def test_exact_mode_counts_tiles_like_fast_mode(tmp_path, monkeypatch):
     """Exact mode's engine reports rounds of its tiles; the bar counts the tiles, as in fast mode."""
-    from vae import cli as module
-    from vae.imageio import read_image, write_image
+    from vae.cli import commands as module
+    from vae.files.imageio import read_image, write_image
     write_image(tmp_path / "128.png", read_image(DEMO / "vaekit_sample.png")[:128, :128])
     counts = {}
     for mode in ("fast", "exact"):

@@ -39,7 +39,7 @@ def test_the_console_script_and_what_an_install_holds():
     (nodes/, the root __init__.py) is never installed as top-level packages: ComfyUI has a `nodes` module."""
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["build-system"]["build-backend"] == "setuptools.build_meta"
-    assert meta["project"]["scripts"] == {"vaekit": "vae.entry:console"}
+    assert meta["project"]["scripts"] == {"vaekit": "vae.cli.entry:console"}
     packages = meta["tool"]["setuptools"]["packages"]
     found = sorted(str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "vae").rglob("__init__.py")
                    if "__pycache__" not in p.parts)

@@ -44,7 +44,7 @@ class _InLayout(torch.nn.Module):
 def _seedvr2():
     """diffusers has no SeedVR2 class (and core's is fixed at the published widths): OUR model, random
     weights, saved in core's layout (the original's names). So this row checks our loader, engines and
-    detection, not parity: that is bench/compare_core_seedvr2.py, against core."""
+    detection, not parity: that is bench/comfyui_checks/compare_core_seedvr2.py, against core."""
     from vae.archs import seedvr2, seedvr2_layout
     cfg = seedvr2.SeedVR2Config(widths=(32, 32, 32, 32), layers_per_block=1, temporal=(False, True, True))
     return _InLayout(seedvr2.SeedVR2VAE(cfg), seedvr2_layout.to_original)

@@ -6,7 +6,7 @@
 """
 try:
     import torch  # noqa: F401 (imported first: without it, one error that says what to install)
-except ImportError as _missing:        # the command line (vae/entry.py) says what to install
+except ImportError as _missing:        # the command line (vae/cli/entry.py) says what to install
     _TORCH_MISSING: "ImportError | None" = _missing
 else:
     _TORCH_MISSING = None

@@ -1,5 +1,5 @@
 import sys
 
-from .entry import main
+from .cli.entry import main
 
 sys.exit(main(prog="python -m vae"))

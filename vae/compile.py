@@ -33,11 +33,12 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import run, tiling
+from . import run
+from .engine import tiling
 from .errors import InputError
-from .guard import eager_copy
+from .engine.guard import eager_copy
 from .handle import VAE
-from .qkv import fuse_qkv as _fuse_qkv
+from .nn.qkv import fuse_qkv as _fuse_qkv
 
 log = logging.getLogger("VAEKit")
 

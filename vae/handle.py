@@ -10,7 +10,9 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from . import checks, defined, exact, guard, latents, streaming, tiling
+from . import checks
+from .engine import defined, exact, guard, streaming, tiling
+from .files import latents
 from .errors import InputError
 from .spec import ArchSpec, Capabilities
 
@@ -228,8 +230,8 @@ class VAE:
         """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]) in
         0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
         ``overlap_frames`` in pixel frames; ``options`` are model decode inputs (see decode_options).
-        ``mode``: "fast" (independent tiles, blended) or "exact" (the untiled result; see vae/exact.py).
-        ``budget``: bytes the call may use on the device; the planner (vae/budget.py) then picks the
+        ``mode``: "fast" (independent tiles, blended) or "exact" (the untiled result; see vae/engine/exact.py).
+        ``budget``: bytes the call may use on the device; the planner (vae/engine/budget.py) then picks the
         largest tile (at most ``tile``) and chunk that fit, or raises naming the smallest budget that
         works. ``offload``: where exact mode keeps its maps between stages (default ``out_device``)."""
         z = self.check_latent(z)
@@ -287,7 +289,7 @@ class VAE:
                  run: Callable[["Call"], torch.Tensor]) -> torch.Tensor:
         """``run(call)``, with its tile and chunk planned for ``budget`` first when one is given; on
         running out of memory, again with a plan for half the budget (or, without one, half the tile)."""
-        from . import budget as planner
+        from .engine import budget as planner
         where = dict(device=self.device, out_device=torch.device(out_device or "cpu"),
                      offload=torch.device(offload or out_device or "cpu"))
         if budget is None:
@@ -369,11 +371,11 @@ class VAE:
                       overlap_frames: Optional[int] = None, mode: str = "fast",
                       offload: DeviceLike = "cpu") -> Optional[int]:
         """Device bytes a call on an input of ``shape`` needs on the compute device (one tile of one chunk
-        at its peak; exact tiles that meet: all of them), measured on the meta device (vae/budget.py,
-        vae/memory.py); None if it cannot be measured. For memory managers."""
+        at its peak; exact tiles that meet: all of them), measured on the meta device (vae/engine/budget.py,
+        vae/engine/memory.py); None if it cannot be measured. For memory managers."""
         if self.caps.own_tiling is not None:       # hook: one unit of the model's own plan
             return defined.memory_needed(self, shape, op)
-        from . import budget
+        from .engine import budget
         call = self.call_for(op, shape, tile, overlap, tile_frames, overlap_frames, mode)
         try:
             return budget.predict(self, call, self.device, torch.device(offload)).device

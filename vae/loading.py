@@ -1,9 +1,9 @@
 """Read a weights file safely, unwrap it, convert its keys, build the model.
 
 .safetensors are memory-mapped; .pth/.pt/.ckpt/.bin go through ``torch.load(weights_only=True)``
-only, so a pickle that would run code is refused, never executed (pickle_scan.py says why a file was
-refused without unpickling it). A file is validated before any tensor is used (safetensors_header.py),
-and every step a family runs on its tensors is guarded (loadcheck.py), so a malformed file fails with
+only, so a pickle that would run code is refused, never executed (files/pickle_scan.py says why a file was
+refused without unpickling it). A file is validated before any tensor is used (files/safetensors_header.py),
+and every step a family runs on its tensors is guarded (files/loadcheck.py), so a malformed file fails with
 one LoadError naming the file, the problem and a fix, and no half-built model.
 
 A full checkpoint (a diffusion model with its VAE under ``vae.`` / ``first_stage_model.``, and for
@@ -20,7 +20,8 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 import torch
 from safetensors import safe_open
 
-from . import checks, filekind, loadcheck, pickle_scan, registry, safetensors_header
+from . import checks, registry
+from .files import filekind, loadcheck, pickle_scan, safetensors_header
 from .archs.tiny import DEC, ENC
 from .errors import LoadError
 from .handle import VAE
@@ -34,7 +35,7 @@ Select = Callable[[list[str]], Iterable[str]]      # the keys of a file -> the k
 
 
 def _check_safetensors(path: Path) -> dict[str, str]:
-    """Validate the whole header (see safetensors_header.py) before any tensor is read; its metadata."""
+    """Validate the whole header (see files/safetensors_header.py) before any tensor is read; its metadata."""
     return safetensors_header.read_header_and_metadata(path)[1]
 
 

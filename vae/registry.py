@@ -8,7 +8,8 @@ from typing import Mapping
 
 import torch
 
-from . import archs, loadcheck
+from . import archs
+from .files import loadcheck
 from .errors import LoadError
 from .spec import ArchSpec
 

@@ -8,10 +8,10 @@ fails or is interrupted leaves nothing behind, because its state goes with its c
 
 - ``stream(memory)``: run a clip chunk by chunk. ``memory`` (a dict, one per stream) holds each
   stateful module's state between chunks, keyed by the module (``Streamable.recall/remember``).
-- ``Run.exact``: the exact-tiling hooks of the tile this thread runs (vae/exact.py): GroupNorm
+- ``Run.exact``: the exact-tiling hooks of the tile this thread runs (vae/engine/exact.py): GroupNorm
   statistics and the ``Seam`` modules (re-cut points and whole-tensor modules) call into it.
-- ``Run.place``: where a fast tile lies in the whole map (vae/tiling.py), for noise drawn inside a
-  network (vae/noise.py): fast tiles, too, take their part of the untiled field.
+- ``Run.place``: where a fast tile lies in the whole map (vae/engine/tiling.py), for noise drawn inside a
+  network (vae/nn/noise.py): fast tiles, too, take their part of the untiled field.
 
 Compiled graphs (vae/compile.py): dynamo cannot trace ``ContextVar.get``. While no stream runs in
 the process, a graph reads no run state (``current()`` is the idle run, so nothing breaks the graph).
@@ -34,8 +34,8 @@ from torch import nn
 @dataclass(frozen=True)
 class Run:
     memory: Optional[dict] = None      # stream state per module; None: not streaming
-    exact: Any = None                  # the exact-tiling hooks of this thread's tile (vae/exact.py)
-    place: Any = None                  # where a fast tile lies in the whole map (vae/tiling.py ``Place``)
+    exact: Any = None                  # the exact-tiling hooks of this thread's tile (vae/engine/exact.py)
+    place: Any = None                  # where a fast tile lies in the whole map (vae/engine/tiling.py ``Place``)
 
 
 _IDLE = Run()

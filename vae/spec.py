@@ -25,7 +25,7 @@ class Capabilities:
     causal_encoder: bool = False      # latent frame i depends only on pixel frames <= r*i (streamable)
     causal_decoder: bool = False      # pixel frames of latent i depend only on latents <= i
     # encode / decode run chunk by chunk along time through the model's stream caches and equal
-    # one pass (vae/streaming.py); a time axis that needs tiling is then streamed, exactly
+    # one pass (vae/engine/streaming.py); a time axis that needs tiling is then streamed, exactly
     stream_encode: bool = False
     stream_decode: bool = False
     # latent frames per stream chunk when the call asks for none, and the largest chunk (0: one pass
@@ -41,7 +41,7 @@ class Capabilities:
     decode_options: tuple[str, ...] = ()
     working_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
     # a model whose reference tiles as part of its definition (MiniMax H3): its tiles and chunks are
-    # the result, so the engines run exactly those (vae/defined.py) and take their frame rules
+    # the result, so the engines run exactly those (vae/engine/defined.py) and take their frame rules
     own_tiling: Optional[Any] = None
 
     @property

@@ -1,5 +1,5 @@
 """A persistent pool of worker processes, one per extra device, that take their share of every
-exact or fast tiled call (vae/distributed.py) made through it.
+exact or fast tiled call (vae/engine/distributed.py) made through it.
 
     pool = Pool(["cuda:0", "cuda:1"])          # this process is rank 0 on the first device
     images = pool.run(vae, "decode", z, tile=512, mode="exact")
@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .distributed import Ranks, ranks
+from .engine.distributed import Ranks, ranks
 from .errors import VAEKitError
 
 log = logging.getLogger("VAEKit")
@@ -114,7 +114,7 @@ class Pool:
         import torch.distributed as dist
         if dist.is_initialized():
             raise VAEKitError("this process already belongs to a torch.distributed group; a worker pool makes "
-                              "its own.", fix="use vae.distributed.ranks() inside the existing group instead.")
+                              "its own.", fix="use vae.engine.distributed.ranks() inside the existing group instead.")
         self.devices = [torch.device(d) for d in devices]
         init = f"tcp://127.0.0.1:{_free_port()}"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -94,7 +94,7 @@ def test_workflow_runs_headless(pack, tmp_path, monkeypatch):
     from vaekit.nodes.headless import run_prompt
     from vaekit.vae import load
     from vaekit.vae.compile import compile_vae
-    from vaekit.vae.imageio import read_image
+    from vaekit.vae.files.imageio import read_image
     (tmp_path / "models" / "vae").mkdir(parents=True)
     (tmp_path / "input").mkdir()
     shutil.copy(ROOT / "vae" / "demo" / "vaekit_demo.safetensors", tmp_path / "models" / "vae")

@@ -20,7 +20,7 @@ sys.path.insert(0, "tests")
 from helpers import load_pack
 pack = load_pack()
 from vaekit.nodes import NODE_CLASS_MAPPINGS as nodes
-from vaekit.vae.latents import read_latent_file
+from vaekit.vae.files.latents import read_latent_file
 vae = nodes["VAEKitLoad"]().load(str(sys.argv[1]))[0]
 z = {"samples": read_latent_file(sys.argv[2])}
 dec = nodes["VAEKitTiledDecode"]()
@@ -48,7 +48,7 @@ def test_devices_share_the_tiles_and_the_pool_is_reused(tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the devices")
 def test_missing_devices_fall_back_to_one_device_and_say_why(pack, caplog):
     from vaekit.nodes import NODE_CLASS_MAPPINGS as nodes
-    from vaekit.vae.latents import read_latent_file
+    from vaekit.vae.files.latents import read_latent_file
     vae = pack.vae.load(DEMO / "vaekit_demo.safetensors")
     z = {"samples": read_latent_file(DEMO / "vaekit_sample.latent")[..., :16, :16]}
     with caplog.at_level(logging.WARNING, logger="VAEKit"):

@@ -18,7 +18,7 @@ def headless(pack, tmp_path):
 
 
 def test_save_image_batch_is_all_or_nothing(headless, tmp_path, monkeypatch):
-    from vaekit.vae.imageio import write_image
+    from vaekit.vae.files.imageio import write_image
     calls = []
 
     def third_fails(path, image):

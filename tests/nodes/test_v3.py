@@ -21,7 +21,7 @@ def test_without_comfyui_the_v1_classes_are_registered(pack):
 @pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
                     reason="set COMFYUI_DIR and COMFYUI_PYTHON to check the V3 nodes in a real ComfyUI")
 def test_v3_nodes_in_comfyui_match_their_v1_declarations():
-    proc = subprocess.run([os.environ["COMFYUI_PYTHON"], str(ROOT / "bench" / "check_v3.py")],
+    proc = subprocess.run([os.environ["COMFYUI_PYTHON"], str(ROOT / "bench" / "comfyui_checks" / "check_v3.py")],
                           capture_output=True, text=True, timeout=600, cwd=os.environ["COMFYUI_DIR"])
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

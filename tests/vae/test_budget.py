@@ -1,6 +1,6 @@
-"""Exact within a memory budget: tiles run one after the other where they need not meet (vae/stages.py),
-paused tiles wait on the offload device where they must (vae/park.py), and the planner picks tile and
-chunk for a budget from the meta-device measurement (vae/budget.py, vae/memory.py)."""
+"""Exact within a memory budget: tiles run one after the other where they need not meet (vae/engine/stages.py),
+paused tiles wait on the offload device where they must (vae/engine/park.py), and the planner picks tile and
+chunk for a budget from the meta-device measurement (vae/engine/budget.py, vae/engine/memory.py)."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +10,7 @@ import torch
 
 import vae
 from helpers import diffusers_kl
-from vae import budget, exact, memory, park
+from vae.engine import budget, exact, memory, park
 from vae.errors import InputError
 from video_families import USER_TILED
 
@@ -125,7 +125,7 @@ def test_tracker_counts_live_storage_not_views():
 
 
 def test_a_map_born_on_the_offload_device_never_counts_on_the_compute_device():
-    """A stage map (vae/stages.py) is allocated, written through views and read back as slices; only
+    """A stage map (vae/engine/stages.py) is allocated, written through views and read back as slices; only
     the slice copied back for a tile is compute-device memory."""
     x = torch.empty(1000, device="meta")
 
@@ -217,7 +217,7 @@ def test_out_of_memory_replans_with_half_the_budget(loaded, monkeypatch, caplog)
 
 
 def test_exact_is_the_default_of_the_tiled_nodes_and_the_cli(pack):
-    from vae.cli import _parser
+    from vae.cli.commands import _parser
     for name in ("VAEKitTiledDecode", "VAEKitTiledEncode"):
         spec = pack.NODE_CLASS_MAPPINGS[name].INPUT_TYPES()["optional"]
         assert spec["mode"][0][0] == "exact" and spec["mode"][1]["default"] == "exact"

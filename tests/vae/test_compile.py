@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import vae
-from vae import tiling
+from vae.engine import tiling
 from vae.archs import kl
 from vae.compile import CROP_RULE, CompiledVAE, compile_vae, crop_to_multiple
 from vae.errors import InputError
@@ -287,7 +287,7 @@ def test_fp16_encoder_compiled_with_its_decoder_is_finite():
     recomputes the bad tiles upcast, on an eager copy."""
     import vae.handle
     if not hasattr(vae.handle, "guard"):
-        pytest.skip("the NaN guard (vae/guard.py) is not in the handle yet")
+        pytest.skip("the NaN guard (vae/engine/guard.py) is not in the handle yet")
     ref = _overflowing_kl()
     half = _overflowing_kl().to(dtype=torch.float16)
     x = torch.rand(1, 3, 32, 32)

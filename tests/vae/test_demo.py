@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vae
-from vae import imageio
+from vae.files import imageio
 from vae.archs.tiny import TinyAutoencoder
 from vae.demo import SAMPLE, WEIGHTS, run_demo
 from vae.demo.train import make_config

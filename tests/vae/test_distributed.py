@@ -136,7 +136,7 @@ def test_exact_across_ranks_equals_the_untiled_result(prepared, world):
 
 
 def test_without_a_process_group_the_call_is_local_and_says_how():
-    from vae import distributed
+    from vae.engine import distributed
     assert distributed.current() is distributed.LOCAL
     with pytest.raises(vae.VAEKitError, match="init_process_group"):
         with distributed.ranks():

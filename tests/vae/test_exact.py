@@ -1,4 +1,4 @@
-"""Exact tiling (vae/exact.py): tiled encode/decode equal to the untiled pass, for every family, at tile
+"""Exact tiling (vae/engine/exact.py): tiled encode/decode equal to the untiled pass, for every family, at tile
 sizes where fast mode differs visibly; the halo comes from the layers and is needed; runs clean up."""
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from torch import nn
 
 import vae
 from helpers import diffusers_kl, module_attrs
-from vae import exact, receptive, run, tiling
+from vae.engine import exact, receptive, tiling
+from vae import run
 from vae.errors import InputError
 from vae.nn.norm import GroupNorm
 from video_families import FAMILIES, USER_TILED

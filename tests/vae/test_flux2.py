@@ -17,7 +17,9 @@ import torch
 import diffusers_flux2 as F2
 import vae
 from helpers import assert_layouts_agree, diffusers_kl, reference_state_dicts
-from vae import latents, registry, tiling
+from vae.files import latents
+from vae import registry
+from vae.engine import tiling
 from vae.archs import flux2
 from vae.compile import compile_vae
 from vae.loading import unwrap

@@ -7,7 +7,8 @@ import logging
 import pytest
 import torch
 
-from vae import NonFiniteError, from_state_dict, guard
+from vae import NonFiniteError, from_state_dict
+from vae.engine import guard
 from vae.archs import kl
 from vae.handle import VAE
 from helpers import module_attrs

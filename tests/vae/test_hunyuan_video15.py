@@ -201,7 +201,7 @@ def test_concurrent_streams_and_exact_runs(ours):
 
 
 def test_fused_qkv_and_nan_guard(ours):
-    from vae.qkv import fuse_qkv
+    from vae.nn.qkv import fuse_qkv
     z = torch.randn(1, 32, 3, 2, 2)
     want = ours.decode(z, tile_frames=4)
     fused = vae.from_state_dict(ours.state_dict())

@@ -167,7 +167,7 @@ def test_tile_combinations_run_or_are_refused_with_a_fix(family, full):
 def test_a_model_that_misfits_a_tile_is_refused_with_a_way_out():
     """The net under the planner: a tile function whose output is not the planned size (none of ours,
     see above) ends in the library's error with a fix, not in an error from inside the engine."""
-    from vae import tiling
+    from vae.engine import tiling
     plans = tiling.plan_grid((8, 8), 32, 8, 8)
     with pytest.raises(vae.VAEKitError) as e:
         tiling.run_tiled(lambda t: torch.zeros(1, 3, 7, 7), torch.zeros(1, 4, 8, 8), plans, (1, 1), (8, 8), 3)

@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 import vae
 from helpers import ROOT, assert_layouts_agree, spy_tensor_reads
 from ltx_common import assert_encoder_streams, meta_state_dict, original_layout, randomize, script_rename, stats
-from vae import registry, tiling
+from vae import registry
+from vae.engine import tiling
 from vae.archs import ltx, ltx_layout
 
 diffusers = pytest.importorskip("diffusers")

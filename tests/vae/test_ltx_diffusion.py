@@ -23,7 +23,7 @@ from ltx_diffusion_common import (DECODER, ENCODER, LATENT, SMALL, SMALL_METADAT
 from vae import registry
 from vae.archs import ltx_diffusion, ltx_diffusion_layout
 from vae.errors import InputError, LoadError
-from vae.qkv import fuse_qkv
+from vae.nn.qkv import fuse_qkv
 from video_families import FAMILIES, tiny_state_dict
 
 diffusers = pytest.importorskip("diffusers")
@@ -269,8 +269,8 @@ def test_exact_tiles_meet_at_every_block_and_run_in_a_tiles_memory():
     after the other meet at each block's input, so a tile carries one block's halo, not the sum over
     the high-resolution stages. Its device working set (meta measurement, live bytes) is then a tile's:
     4x4 latents of a 16x16 latent, under a third of one pass's; the maps wait on the offload device."""
-    from vae import budget, stages
-    from vae.receptive import probe
+    from vae.engine import budget, stages
+    from vae.engine.receptive import probe
     ours = vae.from_state_dict(tiny_state_dict("ltx_diffusion"))
     blocks = [m for m in ours.model.modules() if isinstance(m, ltx_diffusion._Local)]
     with torch.inference_mode():
@@ -301,7 +301,7 @@ def test_temporal_reach_is_measured():
 
 def test_neighbourhood_attention_reach_is_declared():
     ours = vae.from_state_dict(tiny_state_dict("ltx_diffusion"))
-    from vae.receptive import reach
+    from vae.engine.receptive import reach
     blocks = [m for m in ours.model.modules() if isinstance(m, ltx_diffusion._Local)]
     assert reach(blocks[0]) == (6, 6) and reach(blocks[-1]) == (10, 10)
     assert all(b.exact_boundary for b in blocks)
@@ -315,7 +315,7 @@ def test_fused_qkv_is_already_one_projection():
 
 def test_memory_estimate_runs_on_the_meta_device():
     ours = vae.from_state_dict(tiny_state_dict("ltx_diffusion"))
-    from vae import memory
+    from vae.engine import memory
     fixed = memory.calibration(ours.device)[1]       # the calibration's fixed bytes: no clip length changes them
     small_clip, big_clip = ours.memory_needed((1, LATENT, 2, 4, 4)), ours.memory_needed((1, LATENT, 9, 4, 4))
     assert small_clip > fixed and big_clip - fixed > 3 * (small_clip - fixed)
@@ -324,7 +324,7 @@ def test_memory_estimate_runs_on_the_meta_device():
 @pytest.mark.parametrize("dims,kernel", [((4, 9, 6), (3, 7, 7)), ((13, 12, 14), (11, 11, 11))])
 def test_brute_force_reference_attention_is_na3d(dims, kernel):
     """The tests' stand-in for diffusers' attention against the library's: two independent readings of
-    NATTEN's rule, windows shifted at the borders and shrunk to short axes (bench/compare_core_ltx_diffusion.py
+    NATTEN's rule, windows shifted at the borders and shrunk to short axes (bench/comfyui_checks/compare_core_ltx_diffusion.py
     checks both against comfy_kitchen.na3d)."""
     from vae.nn.neighborhood import neighborhood_attention
     g = torch.Generator().manual_seed(0)

@@ -7,7 +7,7 @@ with fused q/k/v; several devices: tests/vae/test_distributed.py).
 
 Random weights of our own model at a tiny config (tests/mage_tiny.py): neither reference runs in CI
 (ComfyUI core has the class, diffusers only in an open PR). Parity with core at the published config:
-bench/compare_core_mage.py (figures in docs/families/mage.md)."""
+bench/comfyui_checks/compare_core_mage.py (figures in docs/families/mage.md)."""
 from __future__ import annotations
 
 import logging
@@ -19,7 +19,8 @@ import torch.nn.functional as F
 import mage_tiny as T
 import vae
 from helpers import assert_layouts_agree, reference_state_dicts
-from vae import registry, tiling
+from vae import registry
+from vae.engine import tiling
 from vae.archs import mage
 from vae.compile import compile_vae
 from vae.loading import unwrap
@@ -72,7 +73,7 @@ def test_window_attention_is_attention_within_windows_of_the_whole_map():
     with torch.no_grad():
         want = _windows_by_loop(attn, x)
         assert (attn(x) - want).abs().max() <= 1e-5
-        from vae.qkv import fuse_qkv
+        from vae.nn.qkv import fuse_qkv
         assert fuse_qkv(attn).fused == 1
         assert (attn(x) - want).abs().max() <= 1e-5
 
@@ -293,7 +294,7 @@ def test_compiled_handle_with_fused_qkv_matches_eager(ours):
 
 
 def test_memory_estimate_runs_on_the_meta_device(ours):
-    """The engines' device-memory estimate (vae/memory.py) runs the model on the meta device."""
+    """The engines' device-memory estimate (vae/engine/memory.py) runs the model on the meta device."""
     assert ours.memory_needed((1, 16, 16, 16), "decode") > 0
     assert ours.memory_needed((1, 3, 64, 64), "encode") > 0
 

@@ -2,7 +2,7 @@
 tiles and chunks as the definition (both compositions), frame rules and ComfyUI's 1- and 2-latent rules,
 every layout users have (MiniMax's original, ComfyUI's fp16 and int8 files, diffusers), detection both
 ways, and the engine's schedule of the definition's units (progress, interrupt, memory, guard, compile).
-The comparison against ComfyUI core is bench/compare_core_minimax.py."""
+The comparison against ComfyUI core is bench/comfyui_checks/compare_core_minimax.py."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +14,8 @@ import torch
 
 import vae
 from helpers import assert_layouts_agree, module_attrs
-from vae import defined, registry
+from vae.engine import defined
+from vae import registry
 from vae.archs import minimax as mm
 from vae.archs.minimax_layout import LATENTS_MEAN, LATENTS_STD
 from vae.handle import VAE
@@ -315,7 +316,7 @@ def test_int8_file_runs_as_comfyui(ours):
     int8 linear): activations rotated by the same Hadamard matrix in their dtype, quantized per row
     (row max / 127, rounded, clamped), an int8 matmul with exact integer sums, scaled back in float32.
     Checked against that arithmetic written out here (the sums in float64), and the decode within int8
-    rounding of the float file the int8 one stands for. Core itself: bench/compare_core_minimax.py."""
+    rounding of the float file the int8 one stands for. Core itself: bench/comfyui_checks/compare_core_minimax.py."""
     sd = _comfy(ours)
     q_sd, deq = _int8(sd, 64)                            # the tiny width is 128: groups of 64 (ComfyUI's 256 divide 2048)
     v8, vf = vae.from_state_dict(q_sd), vae.from_state_dict(deq)
@@ -385,7 +386,7 @@ def test_progress_interrupt_and_no_state_left(ours):
 def test_memory_needed_is_one_units(ours):
     """One unit's working set whatever the clip's length or size: a decode unit is 7 latent frames of
     at most 16 x 16 (256 px), an encode unit 17 frames of at most 256 x 256 px."""
-    from vae import memory
+    from vae.engine import memory
     small, large = ours.memory_needed((1, 24, 7, 4, 4)), ours.memory_needed((1, 24, 27, 40, 60))
     unit = memory.working_set(ours.model, "decode", (1, 24, 7, 16, 16), ours.dtype)
     assert 0 < small < large == unit
@@ -435,8 +436,8 @@ def test_weights_sum_to_one_and_units_cover_the_output():
 
 def test_half_precision_guard_compile_and_fused_qkv(ours):
     from vae.compile import compile_vae
-    from vae.guard import eager_copy
-    from vae.qkv import fuse_qkv
+    from vae.engine.guard import eager_copy
+    from vae.nn.qkv import fuse_qkv
     report = fuse_qkv(eager_copy(ours.model, lambda t: t))
     assert report.fused == 0 and report.already == 2       # to_qkv is one projection already
     z = torch.randn(1, 24, 3, 2, 2)

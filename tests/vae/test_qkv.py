@@ -9,7 +9,7 @@ import vae
 from helpers import diffusers_qwen21, diffusers_tiny
 from vae.archs import kl, magvit
 from vae.nn.attention import SpatialSelfAttention
-from vae.qkv import fuse_qkv, unfuse_qkv
+from vae.nn.qkv import fuse_qkv, unfuse_qkv
 from video_families import tiny_state_dict
 
 NO_ATTENTION = "has no attention blocks: nothing to fuse; continuing unfused"

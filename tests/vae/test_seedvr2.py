@@ -4,7 +4,7 @@ across the registry, frame and latent conventions, and the reference's own chunk
 
 diffusers has no SeedVR2 class and CI has no ComfyUI: these run our own random-weight model saved in
 core's layout. Parity with core's VAE (published config, decode and encode, one frame and a clip) is
-bench/compare_core_seedvr2.py; its figures are in docs/families/seedvr2.md. The engines (tiles, exact,
+bench/comfyui_checks/compare_core_seedvr2.py; its figures are in docs/families/seedvr2.md. The engines (tiles, exact,
 streaming, nodes, workflows) run through the shared harness (tests/video_families.py)."""
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_every_layout_gives_identical_output(core_sd, ours, tmp_path):
 
 def test_published_config_is_read_from_shapes():
     """250,648,227 parameters = 478.1 MiB in fp16, the templates' file; core's model has the same keys and
-    shapes (bench/compare_core_seedvr2.py: 0 missing, 0 unexpected)."""
+    shapes (bench/comfyui_checks/compare_core_seedvr2.py: 0 missing, 0 unexpected)."""
     cfg = s2.SeedVR2Config(**PUBLISHED)
     with torch.device("meta"):
         big = s2.SeedVR2VAE(cfg)
@@ -235,7 +235,7 @@ def test_the_references_chunking_equals_one_pass(ours):
 
 
 def test_fused_qkv_and_nan_guard(ours):
-    from vae.qkv import fuse_qkv
+    from vae.nn.qkv import fuse_qkv
     z = torch.randn(1, 16, 3, 2, 2)
     want = ours.decode(z)
     fused = vae.from_state_dict(ours.state_dict())
@@ -261,12 +261,12 @@ def test_latent_channel_hints(ours):
 
 
 def test_the_budget_planner_plans_smaller_tiles_with_the_untiled_result(ours, caplog):
-    """The planner (vae/budget.py) measures SeedVR2 on the meta device (per-frame GroupNorm: tiles meet in
+    """The planner (vae/engine/budget.py) measures SeedVR2 on the meta device (per-frame GroupNorm: tiles meet in
     rounds, streamed one latent frame at a time). Below an untiled pass's prediction it picks smaller exact
     tiles and gives the untiled result; planned for a GPU (paused tiles wait in host memory) the tiles
     need at most half the untiled pass; memory managers get a number both ways."""
     import logging
-    from vae import budget, memory
+    from vae.engine import budget, memory
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     z = torch.randn(1, 16, 2, 16, 16)
     call = ours.call_for("decode", z.shape, mode="exact")

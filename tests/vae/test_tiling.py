@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import vae
 from helpers import diffusers_kl, diffusers_tiny
-from vae import tiling
+from vae.engine import tiling
 
 
 def test_threshold_is_the_min_tile_size_not_the_stride():

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 import vae
 from helpers import ROOT, diffusers_tiny, reference_state_dicts
-from vae import latents
+from vae.files import latents
 from vae.archs.tiny import LATENT_SPACES
 
 
@@ -85,7 +85,7 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def photo() -> torch.Tensor:
-    from vae.imageio import read_image
+    from vae.files.imageio import read_image
     return read_image(ROOT / "vae" / "demo" / "vaekit_sample.png").movedim(-1, 0)[None]
 
 

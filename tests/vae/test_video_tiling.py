@@ -9,7 +9,7 @@ import torch
 
 import vae
 from helpers import pointwise_video_vae
-from vae import tiling
+from vae.engine import tiling
 
 
 @pytest.mark.parametrize("t,tile,overlap", list(itertools.product((2, 3, 5, 8, 13), (2, 3, 4), (1, 2))))

@@ -1,4 +1,4 @@
-"""The ways into a distributed call besides vae.distributed.ranks(): a persistent worker pool (one
+"""The ways into a distributed call besides vae.engine.distributed.ranks(): a persistent worker pool (one
 process per extra device, weights loaded by each worker from the same file), the command line's
 --devices, and torchrun. Each runs in processes of its own (a pool or torchrun makes its process a
 rank of a group); CPUs stand in for GPUs (gloo)."""
@@ -13,7 +13,7 @@ import pytest
 from helpers import ROOT
 
 import vae
-from vae.imageio import read_image
+from vae.files.imageio import read_image
 from vae.workers import parse_devices
 
 DEMO = ROOT / "vae" / "demo"

@@ -48,7 +48,7 @@ def comfy_dirs(tmp_path, monkeypatch):
 def video_dirs(comfy_dirs):
     from safetensors.torch import save_file
 
-    from vaekit.vae.latents import write_latent_file
+    from vaekit.vae.files.latents import write_latent_file
     g = torch.Generator().manual_seed(0)
     for name, family in {**VIDEO, **IMAGE_WITH_VIDEO_VAE}.items():
         save_file(tiny_state_dict(family), str(comfy_dirs / "models" / "vae" / name))
@@ -163,8 +163,8 @@ def _psnr(a, b):
 
 def test_api_workflows_run_headless(pack, comfy_dirs):
     from vaekit.nodes.headless import run_prompt
-    from vaekit.vae.latents import read_latent_file as lib_latent
-    from vaekit.vae.imageio import read_image
+    from vaekit.vae.files.latents import read_latent_file as lib_latent
+    from vaekit.vae.files.imageio import read_image
     load = lambda name: json.loads((WORKFLOWS / name).read_text())
     out = comfy_dirs / "output"
     kw = dict(input_dir=comfy_dirs / "input", output_dir=out)
@@ -215,14 +215,14 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
     Animated WEBP at the model's frame rate: the frames of the library's own decode, same settings."""
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
-    from vaekit.vae.imageio import read_frames
+    from vaekit.vae.files.imageio import read_frames
     api = json.loads((WORKFLOWS / f"video_{kind}_decode_{family}_api.json").read_text())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
         dec = api["3"]["inputs"]
-        z = lib.latents.read_latent_file(video_dirs / "input" / f"{family}_sample.latent")
+        z = lib.files.latents.read_latent_file(video_dirs / "input" / f"{family}_sample.latent")
         v = lib.load(video_dirs / "models" / "vae" / api["1"]["inputs"]["vae_name"])
         s, r = RATIOS[family]
         chunk = dec.get("frames_per_chunk") or v.temporal_tile(dec["temporal_size"]) // r
@@ -246,7 +246,7 @@ def _image_roundtrip(api_name: str, vae_file: str, dirs):
     round trip of the same image)."""
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
-    from vaekit.vae.imageio import read_image
+    from vaekit.vae.files.imageio import read_image
     api = json.loads((WORKFLOWS / api_name).read_text())
     assert api["1"]["inputs"]["vae_name"] == vae_file
     threads = torch.get_num_threads()
@@ -275,7 +275,7 @@ def test_qwen_image_roundtrip_runs_headless(pack, video_dirs):
     [1, 16, 1, h, w] as core's Qwen-Image nodes make it; decoded back, as the library does."""
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
-    from vaekit.vae.imageio import read_image
+    from vaekit.vae.files.imageio import read_image
     api = json.loads((WORKFLOWS / "image_qwen_roundtrip_api.json").read_text())
     ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
     v = lib.load(video_dirs / "models" / "vae" / "qwen_image_vae.safetensors")
@@ -296,7 +296,7 @@ def test_qwen21_roundtrip_runs_headless(pack, video_dirs):
 
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
-    from vaekit.vae.imageio import read_image
+    from vaekit.vae.files.imageio import read_image
     api = json.loads((WORKFLOWS / "image_qwen21_roundtrip_api.json").read_text())
     assert api["1"]["inputs"]["vae_name"] == QWEN21
     threads = torch.get_num_threads()

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LoadError
-from ..noise import region_randn
-from ..keymap import count_indices
+from ..nn.noise import region_randn
+from ..files.keymap import count_indices
 from ..nn.norm import GroupNorm
 from ..nn.resnet import conv2d_1x1, conv2d_3x3
 from ..spec import ArchSpec, Capabilities

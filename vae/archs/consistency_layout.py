@@ -23,7 +23,7 @@ from typing import Mapping
 
 import torch
 
-from ..keymap import count_indices, rename
+from ..files.keymap import count_indices, rename
 from . import kl
 
 UNET = "decoder_unet."

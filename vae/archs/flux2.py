@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import LoadError
-from ..keymap import rename
+from ..files.keymap import rename
 from ..spec import ArchSpec, Capabilities
 from . import kl
 

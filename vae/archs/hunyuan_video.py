@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..keymap import count_indices, rename
+from ..files.keymap import count_indices, rename
 from ..nn.attention import SpatialSelfAttention
 from ..nn.causal import CausalConv3d
 from ..nn.norm import GroupNorm

@@ -31,7 +31,7 @@ from typing import Callable, Mapping, Optional
 import torch
 
 from ..errors import LoadError
-from ..keymap import count_indices, rename
+from ..files.keymap import count_indices, rename
 from . import ldm
 from .hunyuan_video import _UNWRAP, detect_video_ldm
 

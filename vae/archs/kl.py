@@ -13,7 +13,7 @@ from typing import Optional
 from torch import nn
 
 from ..errors import LoadError
-from ..keymap import count_indices
+from ..files.keymap import count_indices
 from ..nn.attention import SpatialSelfAttention
 from ..nn.norm import GroupNorm
 from ..nn.resnet import conv2d_1x1, conv2d_3x3

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..keymap import count_indices, linear_to_conv1x1, rename
+from ..files.keymap import count_indices, linear_to_conv1x1, rename
 from ..nn.resnet import ConvFactory, MidBlock, NormFactory, ResnetBlock
 
 # (level index, channels) -> the level's resampler, or None for a level without one. A resampler

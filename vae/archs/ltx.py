@@ -32,7 +32,7 @@ unseeded, s = 0.025), and ``decode`` conditions on ``timestep`` (0.05) times the
 
 0.9.1's injected noise comes from a generator seeded from ``seed`` (diffusers draws it from the
 global RNG, ComfyUI unseeded), so decodes repeat. It is drawn at each resnet's own size; a tile (fast or
-exact) takes its part of the field an untiled decode draws (vae/noise.py)."""
+exact) takes its part of the field an untiled decode draws (vae/nn/noise.py)."""
 from __future__ import annotations
 
 import math
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..noise import region_randn
+from ..nn.noise import region_randn
 from ..nn.causal import CausalConv3d, depth_to_space, space_to_depth
 from ..nn.norm import ChannelLayerNorm, ChannelRMSNorm
 from ..nn.resnet import ResnetBlock

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from ..errors import LoadError
-from ..keymap import count_indices
+from ..files.keymap import count_indices
 from .ltx_layout import STD
 
 log = logging.getLogger("VAEKit")

@@ -26,7 +26,7 @@ generator) and ours stays the CPU field. Exact tiles draw their part of the unti
 Neighbourhood attention (vae/nn/neighborhood.py) is local: a query sees a window of k positions per
 axis, shifted inward at the map's borders, so an output pixel depends on inputs at most k - 1 map
 pixels away per block. Exact tiles carry that halo (``exact_reach``) and meet at every block (a
-separator at any resolution: vae/stages.py); positions for the rotary embedding are the whole map's.
+separator at any resolution: vae/engine/stages.py); positions for the rotary embedding are the whole map's.
 Nothing is causal in time and time is never cut. Stage 5 carries its state and the context as one
 tensor (channels [state, context]) so that a re-cut cuts both.
 
@@ -46,10 +46,10 @@ from torch import nn
 
 from .. import run as runstate
 from ..errors import InputError, LoadError
-from ..keymap import count_indices
+from ..files.keymap import count_indices
 from ..nn.neighborhood import neighborhood_attention
-from ..noise import region_origin, region_randn
-from ..receptive import SEPARATOR
+from ..nn.noise import region_origin, region_randn
+from ..engine.receptive import SEPARATOR
 from ..run import Seam
 from ..spec import ArchSpec, Capabilities
 from . import ltx, ltx_config, ltx_diffusion_layout
@@ -163,7 +163,7 @@ class Attention(nn.Module):
     """Fused q/k/v, RMS-normed q and k (the query scaled by dim^-0.5), rotary positions, neighbourhood
     attention, output projection."""
 
-    fused_qkv = True          # one projection already (vae/qkv.py has nothing to fuse)
+    fused_qkv = True          # one projection already (vae/nn/qkv.py has nothing to fuse)
 
     def __init__(self, dim: int, head_dim: int, kernel: tuple[int, int, int]):
         super().__init__()

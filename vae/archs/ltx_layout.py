@@ -20,7 +20,7 @@ from typing import Mapping
 
 import torch
 
-from ..keymap import count_indices, rename
+from ..files.keymap import count_indices, rename
 
 STATS = "per_channel_statistics."
 MEAN, STD = STATS + "mean-of-means", STATS + "std-of-means"   # the two the VAE uses

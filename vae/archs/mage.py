@@ -11,7 +11,7 @@ t=0 on a zero image: DiCo blocks at latent resolution, then a per-patch pixel ML
 position embedding of each 16x16 patch, adaLN MLP blocks, RMSNorm, linear) gives the pixels. No noise
 is drawn anywhere (the original, core and the diffusers PR agree), so there is nothing to seed.
 
-Where tiles meet (vae/exact.py): the windowed attention runs on the whole latent (``exact_whole``,
+Where tiles meet (vae/engine/exact.py): the windowed attention runs on the whole latent (``exact_whole``,
 its windows are aligned to the whole image and replicate-pad only at its bottom/right edge); the DiCo
 blocks' channel gate pools the whole image (``ChannelMean``: a whole-tensor statistic, shared by
 exact tiles as GroupNorm's are); resnets and DiCo blocks are re-cut points at latent resolution.
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LoadError
-from ..keymap import count_indices
+from ..files.keymap import count_indices
 from ..nn.attention import SpatialSelfAttention
 from ..nn.norm import ChannelLayerNorm, ChannelMean, GroupNorm
 from ..nn.resnet import ResnetBlock, conv2d_3x3
@@ -125,7 +125,7 @@ class DiCoBlock(Seam, nn.Module):
 
     Channels of ``x`` beyond the block's width are carried through unchanged (see DConvDenoiser)."""
 
-    exact_boundary = "coarse"     # chained at latent resolution: exact tiling re-cuts here (vae/exact.py)
+    exact_boundary = "coarse"     # chained at latent resolution: exact tiling re-cuts here (vae/engine/exact.py)
 
     def __init__(self, width: int, ffn: int, modulated: bool):
         super().__init__()

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError, LoadError
-from ..keymap import count_indices, linear_to_conv1x1, rename
+from ..files.keymap import count_indices, linear_to_conv1x1, rename
 from ..nn.attention import FrameSelfAttention
 from ..nn.causal import CausalConv3d
 from ..nn.norm import FrameGroupNorm

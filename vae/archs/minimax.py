@@ -2,7 +2,7 @@
 4x temporal in 17-frame clips (17k + 5 frames <-> 5k + 2 latent frames).
 
 Definition (MiniMax's release, ComfyUI core, diffusers ``AutoencoderKLMiniMaxH3``): the model is run in
-its own tiles and chunks, and those are part of the result (vae/defined.py runs exactly these units):
+its own tiles and chunks, and those are part of the result (vae/engine/defined.py runs exactly these units):
 - encode: clips of 17 frames (the last one padded by repeating its last frame), each its own causal
   stream (2 zero frames in front), 5 latent frames each; the last 3 latent frames of the video are
   dropped. A single frame is a clip of its own and gives 1 latent frame. Each clip is encoded in
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..defined import Chunk, Plan, spatial_tiles
+from ..engine.defined import Chunk, Plan, spatial_tiles
 from ..errors import InputError
 from ..nn.causal import CausalConv3d
 from ..nn.norm import FrameGroupNorm
@@ -132,7 +132,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 class Attention(nn.Module):
     """Self-attention over all tokens; ``to_qkv`` interleaved per head ([q_h, k_h, v_h] for each head)."""
 
-    fused_qkv = True          # its q/k/v are one projection already (vae/qkv.py)
+    fused_qkv = True          # its q/k/v are one projection already (vae/nn/qkv.py)
 
     def __init__(self, dim: int, linear):
         super().__init__()
@@ -225,7 +225,7 @@ class Decoder(nn.Module):
 # ---- the model ---------------------------------------------------------------------------------------
 
 class MiniMaxH3VAE(ldm.Autoencoder):
-    """One unit of the definition (a tile of a clip or chunk; vae/defined.py runs the units).
+    """One unit of the definition (a tile of a clip or chunk; vae/engine/defined.py runs the units).
     encode: pixels 0..1 (B, 3, T, H, W) -> normalised latent means (float32); decode: normalised latents
     -> pixels 0..1, unclamped (float32): every step after the network is affine, so it commutes with
     the definition's blends and runs per unit."""
@@ -322,7 +322,7 @@ def encode_chunks(frames: int) -> tuple[Chunk, ...]:
 
 @dataclass(frozen=True)
 class MiniMaxTiling:
-    """The definition's units (vae/defined.py reads ``plan``, ``frames``, ``latents``, ``options``)."""
+    """The definition's units (vae/engine/defined.py reads ``plan``, ``frames``, ``latents``, ``options``)."""
     ratio: int = 16
     tile: int = 256
     min_overlap: int = 64

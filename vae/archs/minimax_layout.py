@@ -23,7 +23,7 @@ from typing import Mapping
 import torch
 
 from ..errors import LoadError
-from ..keymap import count_indices, rename
+from ..files.keymap import count_indices, rename
 from ..nn import quant
 
 HEAD = 64

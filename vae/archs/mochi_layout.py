@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..keymap import count_indices, rename
+from ..files.keymap import count_indices, rename
 from .tiny import DEC as PAIR_DEC, ENC as PAIR_ENC
 
 # diffusers resnet internals -> genmo's ResBlock.stack indices

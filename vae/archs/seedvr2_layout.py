@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 import torch
 
 from ..errors import LoadError
-from ..keymap import count_indices, rename
+from ..files.keymap import count_indices, rename
 from . import ldm
 
 # the decoder's own key (the name core detects the family by; canonical: ``decoder.up.<i>.upsample.``)

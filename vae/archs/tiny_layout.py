@@ -19,7 +19,7 @@ import re
 from typing import Optional
 
 from ..errors import LoadError
-from ..keymap import rename
+from ..files.keymap import rename
 
 ENC, DEC = "taesd_encoder", "taesd_decoder"
 IMAGE_CHANNELS = (3, 4)      # RGB, or RGBA (straight alpha): what a patchified head may carry

@@ -25,7 +25,7 @@ Canonical: ``{encoder,decoder}.conv_in``, ``encoder.down.<i>.block.<j>``, ``enco
 ``decoder.up.<i>.block.<j>``, ``decoder.up.<i>.upsample`` (level i fine to coarse, as LDM), ``mid.block_1
 attn_1 block_2``, ``norm_out``, ``conv_out``, ``quant_conv``, ``post_quant_conv``; resnets ``norm1 conv1
 norm2 conv2 nin_shortcut``; resamplers ``conv`` + ``time_conv``; attention ``norm q k v proj_out``
-(the fused ``to_qkv`` is split so the shared attention and vae/qkv.py apply)."""
+(the fused ``to_qkv`` is split so the shared attention and vae/nn/qkv.py apply)."""
 from __future__ import annotations
 
 import re
@@ -34,7 +34,7 @@ from typing import Mapping
 import torch
 
 from ..errors import LoadError
-from ..keymap import count_indices, rename
+from ..files.keymap import count_indices, rename
 
 # resnet and resampler internals, attention, and the names outside the level lists
 _RULES = [

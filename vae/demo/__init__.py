@@ -53,8 +53,8 @@ def run_demo(out_dir: Union[str, Path, None] = None, tile: int = 256, overlap: i
 
     ``image``/``weights`` replace the shipped sample/demo VAE; ``size`` centre-crops the image to
     at most ``size`` x ``size`` pixels first (a quicker run)."""
-    from .. import tiling
-    from ..imageio import read_image, write_image
+    from ..engine import tiling
+    from ..files.imageio import read_image, write_image
     from ..loading import load
 
     vae = load(weights or WEIGHTS)

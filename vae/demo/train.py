@@ -5,7 +5,7 @@
 Writes ``vae/demo/vaekit_demo.safetensors`` (the canonical TAESD layout: exactly the keys of
 ``TinyAutoencoder(make_config()).state_dict()``, including ``vae_scale``/``vae_shift``; a ``vaekit_demo``
 entry in the safetensors metadata records the config and the training data) and
-``vae/demo/vaekit_sample.png`` (written by ``vae.imageio.write_png``, so it reads without Pillow).
+``vae/demo/vaekit_sample.png`` (written by ``vae.files.imageio.write_png``, so it reads without Pillow).
 
 Data: images that scikit-image ships in ``skimage.data``, all public domain or CC0. (The
 ``skimage/data/README.txt`` of scikit-image 0.26 states no licences; each image's licence is in the
@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     except ImportError:
         print("this script needs scikit-image for its training images: pip install scikit-image", file=sys.stderr)
         return 1
-    from ..imageio import write_png
+    from ..files.imageio import write_png
 
     torch.set_num_threads(args.threads)
     cfg = make_config(args.latent_channels, args.width, args.outer)

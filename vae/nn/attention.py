@@ -19,14 +19,14 @@ class SpatialSelfAttention(Seam, Streamable, nn.Module):
 
     q/k/v are kept as separate 1x1 convs so state dicts round-trip unchanged; fusing them into
     one projection ``qkv`` (3C outputs, one conv instead of three) is a separate, reversible
-    transform (vae/qkv.py); ``qkv`` is None while unfused.
+    transform (vae/nn/qkv.py); ``qkv`` is None while unfused.
 
     ``frame_causal`` (video): a token of frame f attends to every token of frames <= f. Run as one
     attention call per frame over the keys of frames 0..f, so no (THW)^2 mask is ever built. In a
     stream (``vae.run``: a clip chunk by chunk) the keys and values of the earlier chunks are kept in
     the stream's memory, so each chunk attends as it would in one pass (HunyuanVideo 1.5)."""
 
-    exact_whole = True        # mixes every position: exact tiling runs it on the whole tensor (vae/exact.py)
+    exact_whole = True        # mixes every position: exact tiling runs it on the whole tensor (vae/engine/exact.py)
 
     def __init__(self, channels: int, groups: int = 32, eps: float = 1e-6, dims: int = 2,
                  frame_causal: bool = False, norm: Optional[nn.Module] = None):

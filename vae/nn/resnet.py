@@ -29,7 +29,7 @@ class ResnetBlock(Seam, nn.Module):
     Video families pass their own ``conv`` (a causal 3-D conv), ``shortcut`` and ``norm`` (a
     per-frame or whole-clip GroupNorm): the block itself is written once."""
 
-    # every caller chains blocks (h = block(h)): exact tiling may re-cut at the input (vae/exact.py)
+    # every caller chains blocks (h = block(h)): exact tiling may re-cut at the input (vae/engine/exact.py)
     exact_boundary = "coarse"
 
     def __init__(self, cin: int, cout: int, groups: int = 32, eps: float = 1e-6,

@@ -12,7 +12,7 @@ class Downsample2x(Seam, nn.Module):
     """3x3 stride-2 conv after zero padding one row/column at the bottom/right (the reference's
     asymmetric padding; symmetric padding would shift the latent grid by half a pixel)."""
 
-    exact_boundary = True     # exact tiling may re-cut tiles at its input (vae/exact.py)
+    exact_boundary = True     # exact tiling may re-cut tiles at its input (vae/engine/exact.py)
 
     def __init__(self, channels: int):
         super().__init__()

@@ -1,0 +1,102 @@
+"""What a benchmark worker measures of its own process: RSS and its peak (VmHWM, with the mark reset after
+loading), process CPU time, and one timed measurement (``measure``) whose figures and output the parent
+script reads back. Linux /proc; ``ru_maxrss`` where /proc is missing."""
+from __future__ import annotations
+
+import gc
+import json
+import resource
+import subprocess
+import time
+from pathlib import Path
+
+MIB = 1024.0
+
+
+def vm_rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def maxrss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux
+
+
+def vm_hwm_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return maxrss_kib()
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def reset_peak() -> bool:
+    """Reset the peak-RSS mark to the current RSS (Linux >= 4.0); False where not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return maxrss_kib() <= vm_rss_kib() + 1024
+
+
+def loaded_rss_kib(model, copy: bool = False) -> int:
+    """RSS once every weight of ``model`` has been read: safetensors weights may stay memory-mapped and be
+    paged in on first use, and paging them in is loading, not the call. With ``copy`` every weight is
+    copied into the process's own memory instead (see measure)."""
+    import torch
+
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if copy:
+                t.data = t.data.clone()
+            else:
+                t.sum()
+    gc.collect()
+    return vm_rss_kib()
+
+
+def run_child(cmd: list[str], env: dict) -> bool:
+    """Run one worker process; on failure print its last error line."""
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        print(f"    FAILED ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", flush=True)
+    return proc.returncode == 0
+
+
+def measure(fn, x, model, repeat: int, out_stem: Path) -> None:
+    """One worker's measurement: copy every weight of ``model`` into the process's own memory (that is
+    loading, not the call), reset the peak-RSS mark, time ``repeat`` calls of ``fn(x)``; the last output
+    goes to ``out_stem``.npy, the figures (times, the best call's process CPU time, RSS after load, peak,
+    working set) to ``out_stem``.json.
+
+    Weights read from a .safetensors file are pages of the mapped file: on a busy machine the kernel
+    may drop them during the call and read them again, and the RSS peak then misses the working set by
+    as much (measured: HunyuanVideo 1.5, 256x384x9, 1528 MiB under memory pressure against 3082 MiB
+    alone). Copied, they stay resident like the weights a ComfyUI model holds after load_state_dict."""
+    import numpy as np
+    import torch
+
+    rss_load = loaded_rss_kib(model, copy=True)
+    reset = reset_peak()
+    times, cpu, out = [], [], None
+    with torch.inference_mode():
+        for _ in range(repeat):
+            out = None
+            t0, c0 = time.perf_counter(), cpu_s()
+            out = fn(x)
+            times.append(time.perf_counter() - t0)
+            cpu.append(cpu_s() - c0)
+    peak = vm_hwm_kib()      # not ru_maxrss: it also keeps exited threads' peaks from before the reset
+    np.save(f"{out_stem}.npy", out.float().numpy())
+    Path(f"{out_stem}.json").write_text(json.dumps(dict(
+        times_s=times, best_s=min(times), cpu_s=cpu[times.index(min(times))], rss_after_load_mib=rss_load / MIB,
+        peak_rss_mib=peak / MIB, working_set_mib=(peak - rss_load) / MIB, peak_reset=reset, shape=list(out.shape))))

@@ -1,0 +1,93 @@
+"""The shared shape of the benchmark scripts: one run per subprocess, so that every run's peak RSS is its own.
+
+A script starts itself with ``--worker NAME`` (``run``; ComfyUI core's runs under ComfyUI's python, since
+core needs its own venv), the worker times a call on an input the parent saved (``measure_saved``) and
+leaves its figures (``STEM.json``) and output (``STEM.npy``) for the parent, which reads them back run by
+run (``results``). The ``ours*`` run names mean the same calls in every script (``ours_call``), so tables
+of different families read alike."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+# run name -> keyword arguments of VAE.decode / VAE.encode, given our spatial tile in pixels
+OURS = {
+    "ours": lambda tile: {},                                           # one call, the engine's defaults
+    "ours_framewise": lambda tile: {},                                 # the same, named for video models
+    "ours_fast": lambda tile: dict(tile=tile, overlap=tile // 4),      # blended tiles, a quarter overlap
+    "ours_exact": lambda tile: dict(tile=tile, mode="exact"),          # exact tiles: the untiled result
+}
+
+
+def ours_call(v, name: str, tile: int, encode: bool = False):
+    """The call of our run ``name`` on the handle ``v``. ``ours_one_pass`` is the model's own decode over
+    the whole input (no chunks, no tiles: the definition), mapped to 0..1 pixels as VAE.decode maps them."""
+    if name == "ours_one_pass":
+        return lambda z: (v.model.decode(z) / 2 + 0.5).clamp_(0, 1)
+    kw = OURS[name](tile)
+    return (lambda x: v.encode(x, **kw)) if encode else (lambda z: v.decode(z, **kw))
+
+
+def diffusers_from_file(cls, path: Path, **config):
+    """A diffusers model holding exactly the weights in ``path``, in eval mode: built on the meta device,
+    so no random initialisation is timed or held, then given the file's tensors."""
+    import torch
+    from safetensors.torch import load_file
+    with torch.device("meta"):
+        model = cls(**config)
+    model.load_state_dict(load_file(str(path)), strict=True, assign=True)
+    return model.eval()
+
+
+def measure_saved(threads: int, source: Path, build, out_stem: Path, repeat: int = 1) -> None:
+    """A worker's measurement: the input saved at ``source`` (.npy), ``build()`` -> (model, call), ``repeat``
+    timed calls by bench_decode.measure (figures to ``out_stem``.json, the output to ``out_stem``.npy)."""
+    import numpy as np
+    import torch
+    from .measure import measure
+    torch.set_num_threads(threads)
+    x = torch.from_numpy(np.load(source))
+    model, fn = build()
+    measure(fn, x, model, repeat, out_stem)
+
+
+def run(script: str, name: str, flags: list[str], stem: Path, comfy_python: str | None = None,
+        tail: int = 3, env: dict | None = None) -> dict:
+    """Run ``script --worker name *flags`` (under ComfyUI's python for a ``core*`` run) and return the
+    figures it wrote to ``stem``.json with ``output``: the path of its output (``stem``.npy); or
+    ``{"error": ...}`` with the last ``tail`` lines it printed when it failed."""
+    python = comfy_python if name.startswith("core") else sys.executable
+    cmd = [python, str(Path(script).resolve()), "--worker", name, *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        return {"error": " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-tail:])}
+    return {**json.loads(Path(f"{stem}.json").read_text()), "output": f"{stem}.npy"}
+
+
+def results(names, start, label):
+    """(name, figures, output array) of each run that worked; ``start(name)`` runs one (see ``run``). A run
+    that failed gets its row here: ``label(name)``, FAILED and its error."""
+    import numpy as np
+    for name in names:
+        r = start(name)
+        if "error" in r:
+            print(f"{label(name)}FAILED: {r['error']}", flush=True)
+            continue
+        yield name, r, np.load(r["output"])
+
+
+def worker_flags(p: argparse.ArgumentParser, **hidden: type) -> None:
+    """The flags a script passes to itself to start a worker: ``--worker`` and ``hidden`` (name -> type),
+    left out of --help."""
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    for name, kind in hidden.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=argparse.SUPPRESS)
+
+
+def core_flags(p: argparse.ArgumentParser, comfyui_help: str = "ComfyUI source directory (for the core runs)") -> None:
+    """``--comfyui`` and ``--comfy-python``: where ComfyUI core is, for the ``core*`` runs."""
+    p.add_argument("--comfyui", help=comfyui_help)
+    p.add_argument("--comfy-python", help="ComfyUI's python (its venv)")

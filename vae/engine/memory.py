@@ -1,0 +1,311 @@
+"""How much memory a call needs, measured from the architecture on the ``meta`` device before any work.
+
+The call itself (or the one unit of work the engines repeat: a tile of a chunk) runs on a copy of the
+model on the ``meta`` device: shapes only, no memory, no arithmetic. A ``Tracker`` (a torch dispatch
+mode) sees every tensor each op creates and when its storage is freed, so it knows the bytes alive at
+every moment and their peak: the working set, as the allocator would see it, with views and in-place
+ops costing nothing. Tensors the engines put on the offload device (maps kept between stages, the
+output) are reported to the tracker (``offloaded``) and counted apart from the compute device.
+
+The real peak exceeds the live bytes by what the tensor library keeps besides: a share that grows with
+the tensors (allocator rounding, convolution workspaces) and a fixed part (thread pools, the allocator's
+arenas). ``CALIBRATION`` per device type is that affine fit, from ``bench/bench_budget.py`` runs
+(predicted vs measured, printed side by side). One workspace grows with the weights instead, so no fit
+over activations covers it: on the CPU every convolution reorders its weight into oneDNN's blocked
+layout, a transient copy as large as the weight (HunyuanVideo 1.5's 1024 -> 8192 channel up-sampler:
+906 MiB a call, measured by peak RSS per op). The tracker also keeps the peak of live bytes plus the
+weight of the convolution running (``copies``), used on the devices in ``WEIGHT_COPIES``.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .. import run
+
+# measured peak working set = factor * the tracker's live peak + fixed bytes. CPU: peak RSS after load
+# (glibc malloc, oneDNN), fitted on Wan 2.1 from a 64 px exact tile (live 134 MiB) to one pass (1823 MiB)
+# in bench/bench_budget.py. Other devices are not measured yet: a margin above the CPU's.
+CALIBRATION = {"cpu": (1.07, 200 << 20)}
+DEFAULT_CALIBRATION = (1.25, 256 << 20)
+# device types whose convolutions make a transient copy of their weight at every call (see above)
+WEIGHT_COPIES = {"cpu"}
+_CONVOLUTIONS = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+                 "conv_transpose2d", "conv_transpose3d"}
+
+
+def calibration(device: torch.device) -> tuple[float, int]:
+    """(factor, fixed bytes) of the device type's working set over the tracker's live bytes."""
+    return CALIBRATION.get(torch.device(device).type, DEFAULT_CALIBRATION)
+
+
+def calibrated(live: int, device: torch.device) -> int:
+    """The working set a live peak of ``live`` bytes means on ``device``."""
+    factor, fixed = calibration(device)
+    return int(factor * live) + fixed
+
+
+def working(m: "Measure", device: torch.device, scale: float = 1.0) -> int:
+    """The working set measurement ``m`` (its live bytes times ``scale``) means on ``device``: the
+    calibrated live peak, or a convolution's weight copy on top of what is alive then, if larger (the
+    copy is one fresh block, freed at once: it takes neither the factor nor the fixed bytes; measured,
+    HunyuanVideo 1.5 at 128x192x5: 889 MiB one pass, 900 exact, the copy peak 874)."""
+    out = calibrated(int(m.device * scale), device)
+    if torch.device(device).type in WEIGHT_COPIES:
+        out = max(out, int(m.copies * scale))
+    return out
+
+
+def _weight_copy(func, args) -> int:
+    """Bytes of the weight a convolution op reorders (0 for any other op)."""
+    if func.overloadpacket.__name__ not in _CONVOLUTIONS or len(args) < 2 or not isinstance(args[1], torch.Tensor):
+        return 0
+    return args[1].numel() * args[1].element_size()
+
+
+def _libc_trim() -> Callable[[], object]:
+    """glibc's malloc_trim, or a no-op. glibc keeps freed blocks under its (self-raising) mmap threshold
+    in the arena that made them, and each exact tile thread has its own arena: with tiles taking turns,
+    every arena keeps a tile's worth of freed memory; run one after the other, the main arena keeps the
+    last unit's. Trimming after each turn or unit gives it back (measured, SD decoder at 512 px, 2x2
+    exact tiles: peak working set 987 -> 532 MiB; ~15 us a call)."""
+    try:
+        import ctypes
+        libc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    return lambda: libc_trim(0)
+
+
+trim = _libc_trim()
+
+
+class Tracker(TorchDispatchMode):
+    """Live storage bytes of the tensors ops create on the meta device, and their peak; tensors
+    reported as offloaded are kept apart (``offload``: their bytes alive at the end, at most)."""
+
+    def __init__(self):
+        super().__init__()
+        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self._away: dict[int, tuple[StorageWeakRef, int]] = {}
+        self._bound = 0          # live bytes counting the freed ones not swept yet: an upper bound
+        self._ignored: set[int] = set()      # storages that live elsewhere (the input, the output)
+        self.peak = 0
+        self.offload = 0
+        self.copies = 0          # peak of live bytes plus the weight a running convolution copies
+        self.placing = 0         # > 0: new storages are born on the offload device (``placed_away``)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        into = self._away if self.placing else self._live
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                self._add(t, into)
+        if self._bound > self.peak:          # perhaps a new peak: count what is really alive
+            self._sweep()
+        copy = _weight_copy(func, args)
+        if copy and self._bound + copy > self.copies:    # inputs and output are alive during the copy
+            self._sweep()
+            self.copies = max(self.copies, self._bound + copy)
+        return out
+
+    def _add(self, t: torch.Tensor, into: dict) -> None:
+        """Count a storage an op handed out, once: a view of (or an in-place write to) a storage that
+        lives elsewhere (offloaded, ignored) adds nothing."""
+        s = t.untyped_storage()
+        key = s._cdata
+        if key in self._ignored or self._holds(self._live, key) or self._holds(self._away, key):
+            return
+        into[key] = (StorageWeakRef(s), s.nbytes())
+        if into is self._live:
+            self._bound += s.nbytes()
+
+    def _holds(self, entries: dict, key: int) -> bool:
+        """Whether ``entries`` holds the storage at ``key`` alive (a freed one's address may be reused
+        before the next sweep: its stale entry goes)."""
+        entry = entries.get(key)
+        if entry is None:
+            return False
+        if entry[0].expired():
+            del entries[key]
+            if entries is self._live:
+                self._bound -= entry[1]
+            return False
+        return True
+
+    def _sweep(self) -> None:
+        self._live = {k: v for k, v in self._live.items() if not v[0].expired()}
+        self._away = {k: v for k, v in self._away.items() if not v[0].expired()}
+        self._bound = sum(n for _, n in self._live.values())
+        self.peak = max(self.peak, self._bound)
+        self.offload = max(self.offload, sum(n for _, n in self._away.values()))
+
+    def move_away(self, t: torch.Tensor, count: bool = True) -> None:
+        """``t`` lives on the offload device (``count``: among the offload bytes) or the intermediate
+        device (the output: known in advance, not counted here)."""
+        key = t.untyped_storage()._cdata
+        entry = self._live.pop(key, None) or (StorageWeakRef(t.untyped_storage()), t.untyped_storage().nbytes())
+        if count:
+            self._away[key] = entry
+        else:
+            self._ignored.add(key)
+        self._sweep()
+
+    def move_back(self, t: torch.Tensor) -> None:
+        key = t.untyped_storage()._cdata
+        entry = self._away.pop(key, None)
+        if entry is not None:
+            self._live[key] = entry
+        self._sweep()
+
+    def hold(self, t: torch.Tensor) -> None:
+        """Count ``t`` (made before tracking began, e.g. the input) as live while it lives."""
+        self._add(t, self._live)
+        self._sweep()
+
+
+_TRACKER: contextvars.ContextVar[Optional[Tracker]] = contextvars.ContextVar("vaekit_tracker", default=None)
+
+
+def offloaded(t: torch.Tensor, count: bool = True) -> None:
+    """The engines call this for tensors they keep off the compute device: maps on the offload device,
+    the output on the intermediate device (``count=False``)."""
+    tracker = _TRACKER.get()
+    if tracker is not None and t.device.type == "meta":
+        tracker.move_away(t, count)
+
+
+@contextlib.contextmanager
+def placed_away() -> Iterator[None]:
+    """Tensors made inside live on the offload device from birth (a map kept between stages): the
+    tracker counts them there, never among the compute device's bytes, not even for the op that
+    allocates them."""
+    tracker = _TRACKER.get()
+    if tracker is None:
+        yield
+        return
+    tracker.placing += 1
+    try:
+        yield
+    finally:
+        tracker.placing -= 1
+        tracker._sweep()
+
+
+def returned(t: torch.Tensor) -> None:
+    """A tensor reported as offloaded is back on the compute device (a parked tile resumed)."""
+    tracker = _TRACKER.get()
+    if tracker is not None and t.device.type == "meta":
+        tracker.move_back(t)
+
+
+def current_tracker() -> Optional[Tracker]:
+    return _TRACKER.get()
+
+
+@contextlib.contextmanager
+def tracking(tracker: Optional[Tracker] = None) -> Iterator[Tracker]:
+    """Track the ops of this thread (and of coroutine threads that re-enter ``tracker``)."""
+    tracker = tracker or Tracker()
+    token = _TRACKER.set(tracker)
+    try:
+        with tracker:
+            yield tracker
+    finally:
+        _TRACKER.reset(token)
+
+
+@contextlib.contextmanager
+def following(tracker: Optional[Tracker]) -> Iterator[None]:
+    """In another thread (an exact run's tile): count its ops in ``tracker`` too."""
+    if tracker is None:
+        yield
+        return
+    token = _TRACKER.set(tracker)
+    try:
+        with _Follower(tracker):
+            yield
+    finally:
+        _TRACKER.reset(token)
+
+
+class _Follower(TorchDispatchMode):
+    def __init__(self, tracker: Tracker):
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.tracker.__torch_dispatch__(func, types, args, kwargs)
+
+
+_META: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
+
+
+def meta_model(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` on the meta device (remembered per model): no memory, no arithmetic."""
+    if model not in _META:
+        from .guard import eager_copy
+        _META[model] = eager_copy(model, lambda t: t.to("meta"))
+    return _META[model]
+
+
+@dataclass(frozen=True)
+class Measure:
+    device: int        # peak live bytes on the compute device (uncalibrated)
+    offload: int       # bytes the engines kept on the offload device
+    copies: int = 0    # peak live bytes with a convolution's weight copy (devices in WEIGHT_COPIES)
+
+
+def measure(call: Callable[[], object], inputs: tuple[torch.Tensor, ...] = (),
+            model: Optional[nn.Module] = None) -> Measure:
+    """Run ``call`` (on meta tensors) under a tracker, ``inputs`` counted as live; the weights of
+    ``model`` are not working memory, however an op hands them on (``detach``, a no-op ``to``)."""
+    with torch.inference_mode(), run.using(run.Run()), tracking() as tracker:
+        if model is not None:
+            tracker._ignored.update(t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()])
+        for t in inputs:
+            tracker.hold(t)
+        call()
+        tracker._sweep()
+    return Measure(tracker.peak, tracker.offload, tracker.copies)
+
+
+_SEEN: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def unit_bytes(model: nn.Module, op: str, shape: tuple[int, ...], dtype: torch.dtype, chunks: int = 1) -> Measure:
+    """The meta measurement of ``getattr(model, op)`` on an input of ``shape`` (a stream of ``chunks``
+    such inputs, the later ones seeing the earlier ones' caches), remembered per model."""
+    seen = _SEEN.setdefault(model, {})
+    key = (op, tuple(shape), dtype, chunks)
+    if key not in seen:
+        meta = meta_model(model)
+        x = torch.empty(shape, device="meta", dtype=dtype)
+
+        def call():
+            with run.stream() if chunks > 1 else contextlib.nullcontext():
+                for _ in range(chunks):
+                    getattr(meta, op)(x)
+        seen[key] = measure(call, (x,), meta)
+    return seen[key]
+
+
+def working_set(model: nn.Module, op: str, unit: tuple[int, ...], dtype: torch.dtype,
+                streamed: bool = False, device: torch.device = torch.device("cpu")) -> Optional[int]:
+    """Bytes one unit of work of input shape ``unit`` needs on the device (``streamed``: a later chunk
+    of a stream, with the caches the earlier ones left), or None if the model cannot run on the meta
+    device (the caller then asks for nothing)."""
+    try:
+        m = unit_bytes(model, op, tuple(unit), dtype, 2 if streamed else 1)
+    except Exception:     # noqa: BLE001 - an estimate, never a failure
+        return None
+    return working(m, device)

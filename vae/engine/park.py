@@ -1,0 +1,109 @@
+"""Paused exact tiles wait on the offload device (host memory), not on the compute device.
+
+Where tiles must keep meeting at high resolution (GroupNorm statistics, vae/engine/exact.py), every tile is
+paused inside the model's forward while the others catch up; what it holds then is whatever its
+frames reference: the norm's input, the residual of the block it is in, its stream caches. At a pause
+the tile's own thread moves those tensors' storages to the offload device and, when it resumes, back:
+``Tensor.set_`` swaps the storage under every tensor object that shares it, so each reference the
+forward holds sees the moved data, views keep their offsets and aliasing is kept.
+
+Only storages the thread's frames hold in full are moved: a storage with a reference the frames do not
+show (a parameter, a buffer, a temporary on the interpreter's stack) stays, since moving it would
+split what must stay one tensor. That is safe by construction and saves what it finds (on a GPU, the
+paused tiles' activation maps and caches: the compute device then holds the running tile, the round's
+buffers and what could not be moved). On a CPU-only machine the offload device is the compute device
+and nothing is moved. Tested on the CPU with a forced move (same device, new storage), which makes
+any lost alias or stale reference change the result.
+"""
+from __future__ import annotations
+
+import sys
+from types import FrameType
+from typing import Iterable, Optional
+
+import torch
+from torch import nn
+
+from . import memory
+
+
+def _tensors(value, depth: int = 0) -> Iterable[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 2 and isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors(v, depth + 1)
+    elif depth < 2 and isinstance(value, dict):
+        for v in list(value.values()):
+            if not isinstance(v, nn.Module):
+                yield from _tensors(v, depth + 1)
+
+
+def held(frame: Optional[FrameType], device: torch.device, extra: Iterable = ()) -> list[torch.Tensor]:
+    """The tensors on ``device`` that the frames from ``frame`` outwards hold (locals, and tuples,
+    lists and dicts in them), plus those in ``extra`` (e.g. the tile's stream memory)."""
+    seen: dict[int, torch.Tensor] = {}
+    values = list(extra)
+    while frame is not None:
+        values.extend(frame.f_locals.values())
+        frame = frame.f_back
+    for v in values:
+        for t in _tensors(v):
+            if t.device == device and not isinstance(t, nn.Parameter) and id(t) not in seen:
+                seen[id(t)] = t
+    return list(seen.values())
+
+
+class Parked:
+    """Storages moved to the offload device at a pause; ``restore`` moves them back."""
+
+    def __init__(self):
+        self.groups: list[tuple[list[torch.Tensor], torch.UntypedStorage, torch.device]] = []
+        self.dry: list[torch.Tensor] = []        # meta tensors the planner's tracker counted as away
+        self.bytes = 0
+
+    def restore(self) -> None:
+        for t in self.dry:
+            memory.returned(t)
+        self.dry.clear()
+        for tensors, storage, device in self.groups:
+            back = storage.to(device=device) if storage.device != device else storage.clone()
+            for t in tensors:
+                t.set_(back, t.storage_offset(), t.size(), t.stride())
+        self.groups.clear()
+
+
+def park(tensors: list[torch.Tensor], offload: torch.device, force: bool = False) -> Parked:
+    """Move the storages of ``tensors`` that nothing else references to ``offload``. ``force``: move
+    even to the same device (a new storage; the tests' check that nothing depends on the old one)."""
+    parked = Parked()
+    by_storage: dict[int, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_storage.setdefault(t.untyped_storage()._cdata, []).append(t)
+    for group in by_storage.values():
+        storage = group[0].untyped_storage()
+        # one reference per tensor in the group, plus ``storage`` itself: nothing unseen shares it
+        if torch._C._storage_Use_Count(storage._cdata) != len(group) + 1 or storage.nbytes() == 0:
+            continue
+        if storage.device.type == "meta":        # a planner's dry run: the tracker counts it as offloaded
+            memory.offloaded(group[0])
+            parked.dry.append(group[0])
+            continue
+        if storage.device == offload and not force:
+            continue
+        moved = storage.to(device=offload) if storage.device != offload else storage.clone()
+        for t in group:
+            t.set_(moved, t.storage_offset(), t.size(), t.stride())
+        parked.groups.append((group, moved, storage.device))
+        parked.bytes += storage.nbytes()
+    return parked
+
+
+def park_frames(frame: Optional[FrameType], device: torch.device, offload: torch.device, extra: Iterable = (),
+                force: bool = False) -> Parked:
+    """Park what the calling thread's frames (from ``frame`` outwards) and ``extra`` hold on ``device``."""
+    return park(held(frame, device, extra), offload, force)
+
+
+def caller(depth: int = 1) -> FrameType:
+    return sys._getframe(depth + 1)

@@ -1,0 +1,282 @@
+"""Exact tiles run one after the other: the working set of one tile, however large the image or clip.
+
+For a model without GroupNorm statistics (per-voxel norms: Wan, Qwen-Image, HunyuanVideo 1.5, LTX),
+tiles need each other only at a few points: a module that mixes every position (attention at latent
+resolution: ``exact_whole``) and, by choice, re-cut points at latent resolution, where assembling the
+map is cheap and saves the halo recomputation a tile would otherwise repeat, and re-cut points that
+declare themselves separators at any resolution (``exact_boundary = SEPARATOR``, vae/engine/receptive.py). These
+are the **separators**. Between two of them a tile needs nothing from the others, so a run goes stage by
+stage, and inside a stage **tile by tile, each tile through all its chunks** (through its own causal
+caches, which end with the tile), writing its core of the separator's input into a map per chunk on
+the offload device (host memory on a GPU machine). At a whole separator the module then runs once per
+chunk on the assembled map (in order, through the run's own stream memory); the next stage's tiles
+read their slices of it, with the halo their layers need.
+
+A tile's halo at a stage's start covers the reach of every layer up to the stage's end; at the
+re-cut points inside the stage the tile crops its own tensor down to what the rest of the stage
+needs (``Tile.crop``), so high-resolution layers carry a few pixels of halo, not the whole stage's.
+
+A later stage re-enters the model's own forward (no model code changes): the layers before the
+stage's start run on a tiny input (one aligned latent pixel or two, through the tile's own tiny
+stream state), and at the start the flowing tensor is replaced by the tile's slice of the map; at the
+stage's end the tile hands over its core and the forward is unwound. Nothing else may be live across a
+separator (a module's residual input): the classes that declare ``exact_whole`` / ``exact_boundary``
+promise that, and the first stage that breaks it fails loudly on a shape.
+
+Memory: one tile's activations and caches on the compute device, two maps at latent resolution per
+chunk on the offload device, the output on the intermediate device.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from . import distributed
+from . import memory as vram
+from .. import run as runstate
+from .receptive import Event, Segment, active, scale_of, segments, separates
+from .tiles import Output, Tile, grid
+
+# Re-cut points at this scale or coarser (map pixels per latent pixel) become separators.
+SEPARATE_AT = Fraction(1)
+
+
+@dataclass(frozen=True)
+class Stage:
+    start: Optional[int]                   # event index of the separator it starts at (None: the input)
+    end: Optional[int]                     # event index of the separator it ends at (None: the output)
+    cuts: dict                             # event index (None: input) -> the cut of the segment starting there
+    cost: float                            # share of the multiply-adds (progress weights)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    events: tuple[Event, ...]
+    seams: tuple[int, ...]                 # event indices of the seam calls a forward makes, in order
+    roles: dict                            # event index -> "separator" or "crop"
+    stages: tuple[Stage, ...]
+    align: tuple[int, int]                 # the input's alignment (pixels): a replay's tiny input is 2x it
+
+
+def plan(events: Sequence[Event], latent: tuple[int, int], in_unit: int, out_unit: int) -> Optional[StagePlan]:
+    """The stages of a model whose probe (``events`` on a ``latent``-sized input) has no GroupNorm; None
+    if it has one (its tiles meet at every norm: vae/engine/exact.py). Every re-cut point finer than
+    ``SEPARATE_AT`` is a crop (unless it ``separates`` at any scale), also those the meeting engine
+    skips (cropping costs nothing)."""
+    if any(e.kind == "stats" for e in events):
+        return None
+    segs = segments(events, latent, in_unit, out_unit, every=True)
+    # the model's own input checks want whole latent pixels (e.g. sides divisible by 8)
+    segs[0] = dataclasses.replace(segs[0], align=tuple(math.lcm(a, in_unit) for a in segs[0].align))
+    roles, seams = {}, []
+    for i, e in enumerate(events):
+        if e.kind not in ("whole", "boundary"):
+            continue
+        seams.append(i)
+        scale = scale_of(e, latent)
+        if e.kind == "whole" or (active(e.module, scale) and (max(scale) <= SEPARATE_AT or separates(e.module))):
+            roles[i] = "separator"
+        else:
+            roles[i] = "crop"
+    groups: list[list[Segment]] = [[]]
+    for seg in segs:
+        if seg.start is not None and roles.get(seg.start) == "separator":
+            groups.append([])
+        groups[-1].append(seg)
+    total = sum(s.cost for s in segs) or 1.0
+    stages = []
+    for k, group in enumerate(groups):
+        end = groups[k + 1][0].start if k + 1 < len(groups) else None
+        stages.append(Stage(group[0].start, end, _cuts(group), sum(s.cost for s in group) / total))
+    return StagePlan(tuple(events), tuple(seams), roles, tuple(stages), segs[0].align)
+
+
+def _cuts(group: Sequence[Segment]) -> dict:
+    """Per segment of a stage, the halo to cut it with: its own layers' reach plus what the rest of
+    the stage needs after it, rounded up to its grid (so the next crop finds valid context)."""
+    cuts, after = {}, (Fraction(0), Fraction(0))
+    for seg in reversed(group):
+        need = [h + a for h, a in zip(seg.halo, after)]
+        halo = tuple(Fraction(math.ceil(n * s / al) * al) / s for n, s, al in zip(need, seg.scale, seg.align))
+        cuts[seg.start] = dataclasses.replace(seg, halo=halo)
+        after = halo
+    return cuts
+
+
+class _StageDone(BaseException):
+    """Unwinds a tile's forward at its stage's end (its core is handed over)."""
+
+
+@contextlib.contextmanager
+def _plain():
+    """Modules run as usual (no exact hooks), with the stream state they had."""
+    with runstate.using(dataclasses.replace(runstate.current(), exact=None)):
+        yield
+
+
+class _Maps:
+    """A separator's map per chunk (the assembled cores of its input; after a whole module, its output),
+    on the offload device."""
+
+    def __init__(self, latent: tuple[int, ...], device: torch.device, zeros: bool):
+        self.latent, self.device, self.zeros = latent, device, zeros
+        self.maps: dict[int, torch.Tensor] = {}
+        self.fmt = torch.contiguous_format
+
+    def write(self, chunk: int, tile: Tile, x: torch.Tensor) -> None:
+        scales, core = tile.locate(x)
+        if chunk not in self.maps:
+            size = [int(n * s) for n, s in zip(self.latent, scales)]
+            last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())    # the map keeps x's layout
+            self.fmt = last if last is not None and x.is_contiguous(memory_format=last) else torch.contiguous_format
+            with vram.placed_away():        # born on the offload device: never among the tile's bytes
+                m = torch.empty(*x.shape[:-2], *size, dtype=x.dtype, device=self.device, memory_format=self.fmt)
+                self.maps[chunk] = m.zero_() if self.zeros else m      # zeros where other ranks' cores go
+        dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(tile.core, scales))
+        self.maps[chunk][(..., *dst)] = x[core]
+
+    def read(self, chunk: int, tile: Tile, seg: Segment, like: torch.Tensor) -> torch.Tensor:
+        """The tile's slice (core plus ``seg``'s halo) of chunk ``chunk``'s map, on ``like``'s device."""
+        full = self.maps[chunk]
+        scales = [Fraction(n, m) for n, m in zip(full.shape[-2:], self.latent)]
+        if full.shape[:-2] != like.shape[:-2]:
+            raise RuntimeError(f"exact tiling: a later stage met a map of shape {tuple(full.shape)} where its "
+                               f"forward carries {tuple(like.shape)} (something besides the separator's input is "
+                               "live across it)")
+        tile.cut(scales, seg, full.shape[-2:])
+        return full[tile.slices()].to(like.device, memory_format=self.fmt, copy=True)      # one copy, counted
+
+    def finish(self, comm, module: Optional[nn.Module], device: torch.device, memory: Optional[dict]) -> None:
+        """All tiles have written: sum the ranks' shares; run a whole module on each chunk, in order."""
+        for c in sorted(self.maps):
+            comm.sum_(self.maps[c])
+            if module is not None:
+                with runstate.stream(memory) if memory is not None else contextlib.nullcontext():
+                    y = module(self.maps[c].to(device))
+                self.maps[c] = y.to(self.device, memory_format=self.fmt)
+                vram.offloaded(self.maps[c])        # (``to`` may hand back y itself)
+                del y
+
+
+class _Hooks:
+    """One tile's forward through one stage (the run state's ``exact`` for that call)."""
+
+    def __init__(self, run: "_Stages", stage: Stage, tile: Tile, chunk: int, view: Tile):
+        self.run, self.stage, self.tile, self.chunk = run, stage, tile, chunk
+        self.view = view            # what the flowing tensor covers: the tiny replay, then the tile
+        self.calls = 0
+
+    def extent(self, x: torch.Tensor):
+        return self.view.extent(x)
+
+    def stats(self, norm, x):
+        raise RuntimeError("exact tiling: a GroupNorm the probe did not see ran in a tile-major stage")
+
+    def seam(self, module: nn.Module, x: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]):
+        if not (getattr(module, "exact_whole", False) or getattr(module, "exact_boundary", False)):
+            return forward(x)            # a seam class switched off for this instance (the probe skips it)
+        plan, stage = self.run.plan, self.stage
+        j, self.calls = self.calls, self.calls + 1
+        i = plan.seams[j] if j < len(plan.seams) else None
+        if i is None or plan.events[i].module is not module:
+            raise RuntimeError("exact tiling: the tiles took a different path than the probe pass")
+        if stage.start is not None and i < stage.start:       # replaying the stages before this one
+            with _plain():
+                return forward(x)
+        if i == stage.start:
+            src = self.run.maps_in.read(self.chunk, self.tile, stage.cuts[i], x)
+            self.view = self.tile
+            return src if plan.events[i].kind == "whole" else forward(src)
+        if i == stage.end:
+            self.run.maps_out.write(self.chunk, self.tile, x)
+            raise _StageDone
+        if plan.roles[i] == "crop":
+            x = self.tile.crop(x, stage.cuts[i])
+        return forward(x)
+
+
+class _Stages:
+    def __init__(self, fn, model: nn.Module, x: torch.Tensor, latent: tuple[int, int], plan: StagePlan,
+                 chunks, out_device: torch.device, offload: torch.device, progress):
+        self.fn, self.model, self.x, self.latent, self.plan = fn, model, x, latent, plan
+        self.chunks, self.progress = chunks, progress
+        self.offload = offload
+        self.device = next(model.parameters()).device       # where whole modules run
+        self.comm = distributed.current()
+        self.out = Output(out_device, self.comm.size > 1, chunks[1][-1][1] if chunks else None)
+        self.maps_in: Optional[_Maps] = None
+        self.maps_out: Optional[_Maps] = None
+
+    def go(self, cores, in_unit: int, tiny: tuple[int, int]) -> torch.Tensor:
+        tiles = grid(cores, self.latent)
+        mine = [t for i, t in enumerate(tiles) if self.comm.owns(i, len(tiles))]
+        spans = self.chunks[0] if self.chunks else [None]
+        units, done = len(mine) * len(spans), 0.0
+        whole_memory = {} if self.chunks else None
+        for stage in self.plan.stages:
+            last = stage.end is None
+            self.maps_out = None if last else _Maps(self.latent, self.offload, self.comm.size > 1)
+            error = None
+            try:
+                for tile in mine:
+                    memory = {} if self.chunks else None      # this tile's stream, for this stage only
+                    for c, span in enumerate(spans):
+                        y = self._one(stage, tile, c, span, memory, in_unit, tiny)
+                        if last:
+                            self.out.write(tile, y, self.chunks[1][c] if self.chunks else None)
+                        del y
+                        vram.trim()          # the unit's freed blocks back to the system (memory.trim)
+                        done += stage.cost / units
+                        if self.progress:          # ComfyUI's interrupt is raised here
+                            self.progress(min(units, round(done * units)), units)
+                    del memory
+            except BaseException as e:     # noqa: BLE001 - every rank learns of it in step()
+                error = e
+            self.comm.step(error, False)
+            if self.maps_out is not None:
+                module = self.plan.events[stage.end].module
+                self.maps_out.finish(self.comm, module if self.plan.events[stage.end].kind == "whole" else None,
+                                     self.device, whole_memory)
+            self.maps_in, self.maps_out = self.maps_out, None
+        if self.progress:
+            self.progress(units, units)
+        return self.comm.sum_(self.out.tensor)
+
+    def _one(self, stage: Stage, tile: Tile, c: int, span, memory, in_unit: int, tiny: tuple[int, int]):
+        """One tile's chunk ``c`` through ``stage``: its output (last stage) or None."""
+        src = self.x if span is None else self.x[:, :, span[0]:span[1]]
+        if stage.start is None:
+            tile.cut([Fraction(in_unit)] * 2, stage.cuts[None], self.x.shape[-2:])
+            view = tile
+            src = src[tile.slices()]
+        else:                      # the layers before the stage run on a tiny corner of the input
+            view = Tile(((0, tiny[0] // in_unit), (0, tiny[1] // in_unit)), self.latent, [0, 0], list(tiny),
+                        [Fraction(in_unit)] * 2)
+            src = src[(..., slice(0, tiny[0]), slice(0, tiny[1]))]
+        hooks = _Hooks(self, stage, tile, c, view)
+        with runstate.using(runstate.Run(memory=memory, exact=hooks)):
+            try:
+                return self.fn(src, self.model)
+            except _StageDone:
+                return None
+
+
+def run_stages(fn, model: nn.Module, x: torch.Tensor, latent: tuple[int, int], plan: StagePlan, cores,
+               in_unit: int, out_device: torch.device, chunks=None,
+               offload: Optional[torch.device] = None, progress=None, sample: bool = False) -> torch.Tensor:
+    """Apply ``fn(x, model)`` tile by tile, stage by stage (see the module docstring); the arguments are
+    those of ``vae.engine.exact.run_exact`` plus the plan. ``sample``: only
+    the most interior tile runs (the planner's dry run: every tile's working set is at most its)."""
+    tiny = tuple(min(n, 2 * a) for n, a in zip(x.shape[-2:], plan.align))
+    if sample:
+        cores = [[spans[len(spans) // 2]] for spans in cores]
+    run = _Stages(fn, model, x, latent, plan, chunks, out_device, offload or out_device, progress)
+    with torch.inference_mode():
+        return run.go(cores, in_unit, tiny)
