@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 import vae
 from helpers import ROOT
+from video_families import taehv_model
 from vae.archs import taehv
 from vae.engine import defined
 
@@ -37,8 +38,7 @@ VARIANTS = {
 
 
 def tiny_state_dict(name: str, seed: int = 0) -> dict:
-    torch.manual_seed(seed)
-    return {k: v.contiguous() for k, v in taehv.TAEHV(VARIANTS[name]).state_dict().items()}
+    return {k: v.contiguous() for k, v in taehv_model(VARIANTS[name], seed).state_dict().items()}
 
 
 def load(name: str, file_name=None, **kw) -> vae.VAE:
@@ -143,9 +143,7 @@ def test_each_space_maps_the_raw_latent_to_its_network():
 def test_lighttaehy1_5_is_leaky_and_works_in_minus_one_to_one():
     v = vae.from_state_dict(tiny_state_dict("taew2_2"), name_hint="lighttaew2_2")
     assert all(isinstance(m, torch.nn.ReLU) for m in v.model.modules() if "ReLU" in type(m).__name__)
-    cfg = dataclasses.replace(VARIANTS["taew2_2"], latent_channels=32)
-    torch.manual_seed(0)
-    sd = taehv.TAEHV(cfg).state_dict()
+    sd = taehv_model(dataclasses.replace(VARIANTS["taew2_2"], latent_channels=32)).state_dict()
     v = vae.from_state_dict(sd, name_hint="lighttaehy1_5.safetensors")
     assert any(isinstance(m, torch.nn.LeakyReLU) and m.negative_slope == 0.2 for m in v.model.modules())
     z = torch.randn(1, 32, 2, 2, 2)
@@ -239,8 +237,8 @@ def _reference():
 
 def reference_file(ref, name: str, folder, seed: int = 1):
     """The original's model for ``name`` (it picks the variant from the file name) at the published
-    config, random weights (scaled by fan-in), saved as ``name``.pth, and loaded back by the original's
-    own loader."""
+    config, random weights (scaled by fan-in; the head so frames are mostly inside 0..1), saved as
+    ``name``.pth, and loaded back by the original's own loader."""
     path = str(folder / f"{name}.pth")
     with mock.patch.object(ref.torch, "load", lambda *a, **k: {}), \
             mock.patch.object(ref.TAEHV, "patch_tgrow_layers", lambda self, sd: self.state_dict()):
@@ -249,6 +247,8 @@ def reference_file(ref, name: str, folder, seed: int = 1):
     with torch.no_grad():
         for p in blank.parameters():
             p.copy_(torch.randn(p.shape, generator=g) / (p[0].numel() if p.dim() > 1 else 10) ** 0.5)
+        blank.decoder[-1].weight.mul_(0.4)
+        blank.decoder[-1].bias.add_(0.5)
     torch.save(blank.state_dict(), path)
     return ref.TAEHV(checkpoint_path=path).eval(), path
 
