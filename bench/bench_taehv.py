@@ -22,7 +22,8 @@ Runs:
   taehv            TAEHV: VAE.decode(z), its default: 4 latent frames at a time through the MemBlocks' memory
   taehv_frame      TAEHV: VAE.decode(z, tile_frames=4): one latent frame at a time (ComfyUI core's schedule)
   taehv_exact      TAEHV: VAE.decode(z, tile=--tile, mode="exact"): exact spatial tiles, streamed
-  core_taehv       ComfyUI core's VAE Decode of the same file (its TAEHV, one frame at a time)
+  core_taehv       ComfyUI core's VAE Decode of the same file (its TAEHV, one frame at a time), clamped
+                   to 0..1 as the original and we clamp (core's IMAGE is left unclamped)
   wan              Wan 2.1's full VAE: VAE.decode(z) (one latent frame at a time, as Wan decodes)
   hunyuan_video    HunyuanVideo's full VAE: VAE.decode(z) (one pass: GroupNorm over the clip)
 """
@@ -47,7 +48,7 @@ def _decoder(args, tmp: Path):
     if args.worker.startswith("core"):
         from safetensors.torch import load_file
         v = comfy_core.vae(args.comfyui, load_file(str(tmp / FILES["taehv"])))
-        return v.first_stage_model, lambda z: v.decode(z).movedim(-1, 1)
+        return v.first_stage_model, lambda z: v.decode(z).movedim(-1, 1).clamp_(0, 1)   # core leaves it unclamped
     sys.path.insert(0, str(ROOT))
     import vae
     family = args.worker if args.worker in FILES else "taehv"

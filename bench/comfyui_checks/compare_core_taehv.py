@@ -38,7 +38,6 @@ import argparse
 import importlib.util
 import json
 import math
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -152,7 +151,7 @@ def main() -> None:
         return worker(a)
     a.comfyui, a.python = str(Path(a.comfyui).resolve()), a.python or sys.executable
     torch.set_num_threads(a.threads)
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
     sys.path.insert(0, str(ROOT))
     import vae
     table = Table()
@@ -171,12 +170,7 @@ def main() -> None:
             inputs[f"{name}/x1"] = torch.rand(1, 3, 1, PIXELS, PIXELS, generator=g)
             inputs[f"{name}/x"] = torch.rand(1, 3, frames, PIXELS, PIXELS, generator=g)
         save_file(inputs, d / "inputs.safetensors")
-        proc = subprocess.run([a.python, str(Path(__file__).resolve()), "--worker", tmp, "--comfyui", a.comfyui,
-                               "--threads", str(a.threads)], capture_output=True, text=True)
-        if proc.returncode:
-            sys.exit(f"ComfyUI FAILED:\n{proc.stderr[-3000:]}")
-        info = json.loads((d / "core.json").read_text())
-        core = load_file(d / "core.safetensors")
+        info, core = comfy_core.run_worker(__file__, tmp, a.comfyui, a.python, a.threads)
         print(f"TAEHV family, published configs, random weights (seed {SEED}, fp16 values), fp32 compute, CPU, "
               f"{a.threads} threads, {PIXELS}x{PIXELS} px")
         for stem, i in info.items():

@@ -39,3 +39,18 @@ def vae(comfyui: str, sd: dict, **kw):
     start(comfyui)
     import comfy.sd
     return comfy.sd.VAE(sd=sd, **kw)
+
+
+def run_worker(script: str, folder, comfyui: str, python: str, threads: int):
+    """Run ``script --worker folder --comfyui .. --threads ..`` under ComfyUI's ``python`` (the script's
+    core side, which leaves ``core.json`` and ``core.safetensors`` in ``folder``) and return (the json,
+    the tensors); exit with core's last error lines if it failed."""
+    import json
+    import subprocess
+    from pathlib import Path
+    from safetensors.torch import load_file
+    proc = subprocess.run([python, str(Path(script).resolve()), "--worker", str(folder), "--comfyui", comfyui,
+                           "--threads", str(threads)], capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"ComfyUI FAILED:\n{proc.stderr[-3000:]}")
+    return json.loads((Path(folder) / "core.json").read_text()), load_file(str(Path(folder) / "core.safetensors"))

@@ -7,7 +7,6 @@ original's parity runs its published widths."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 import vae
-from helpers import ROOT
+from helpers import ROOT, original_module
 from video_families import taehv_model
 from vae.archs import taehv
 from vae.engine import defined
@@ -226,13 +225,7 @@ def test_h3_encodes_clips_apart():
 # ---- parity with the original taehv.py (madebyollin/taehv) ---------------------------------------------
 
 def _reference():
-    path = os.environ.get("TAEHV_REFERENCE")
-    if not path or not os.path.isfile(path):
-        pytest.skip("set TAEHV_REFERENCE to a copy of madebyollin/taehv taehv.py (62f7591 or later: taeh3)")
-    spec = importlib.util.spec_from_file_location("_taehv_reference", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return original_module("TAEHV_REFERENCE", "madebyollin/taehv taehv.py (62f7591 or later: taeh3)")
 
 
 def reference_file(ref, name: str, folder, seed: int = 1):
