@@ -1,0 +1,57 @@
+"""A process of a several-device cache run (``--devices cuda:0,cuda:1``): this process is rank 0 on the
+first device; ``spawn`` starts one ``python -m vae.cache.worker`` per other device. Each loads the VAE
+on its device and caches its share of the sources (whole sources, one VAE per process); torch.distributed
+(gloo, CPU tensors only) makes them start after every rank has read the manifest and adds up the counts
+at the end. Each writes its own manifest log; rank 0 folds them into the manifest."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .options import CacheOptions
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn(opts: CacheOptions, devices: list[str]) -> tuple[str, list]:
+    from ..workers import _free_port
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    fd, path = tempfile.mkstemp(prefix="vaekit-cache-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        f.write(opts.to_json())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-m", "vae.cache.worker", "--rank", str(r), "--world", str(len(devices)),
+                               "--init", init, "--device", d, "--options", path], cwd=str(_ROOT), env=env)
+             for r, d in enumerate(devices) if r > 0]
+    return init, procs
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    from .runner import run
+    p = argparse.ArgumentParser(description="a VAEKit cache worker (started by vaekit cache --devices)")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--init", required=True)
+    p.add_argument("--device", required=True)
+    p.add_argument("--options", required=True)
+    a = p.parse_args()
+    opts = CacheOptions.from_json(Path(a.options).read_text())
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.world))
+    if a.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(a.device))
+    dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world)
+    if a.rank == a.world - 1:
+        Path(a.options).unlink(missing_ok=True)        # every worker has read it (the group is complete)
+    run(opts, say=lambda text: None, rank=a.rank, world=a.world, device=a.device)
+
+
+if __name__ == "__main__":
+    main()
