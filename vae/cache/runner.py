@@ -5,10 +5,14 @@ goes on. Several devices share whole sources (one VAE per process, torch.distrib
 the start and the end)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import queue
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +32,7 @@ from .datasets import Dataset, gather
 from .options import DTYPES, CacheOptions
 
 log = logging.getLogger("VAEKit")
+_ROOT = Path(__file__).resolve().parents[2]
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -426,7 +431,6 @@ def _dist_setup(opts: CacheOptions):
     if opts.devices:
         from ..workers import parse_devices
         devices = [str(d) for d in parse_devices(opts.devices)]
-        from .worker import spawn
         init, procs = spawn(opts, devices)
         if devices[0] == "cpu":
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // len(devices)))
@@ -437,6 +441,21 @@ def _dist_setup(opts: CacheOptions):
         dist.init_process_group("gloo")
         return dist.get_rank(), world, None, []
     return 0, 1, None, []
+
+
+def spawn(opts: CacheOptions, devices: list[str]) -> tuple[str, list]:
+    from ..workers import _free_port
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    fd, path = tempfile.mkstemp(prefix="vaekit-cache-", suffix=".json")
+    absolute = dataclasses.replace(opts, vae=os.path.abspath(opts.vae), inputs=[os.path.abspath(i) for i in opts.inputs],
+                                   output=opts.output and os.path.abspath(opts.output), devices=None)
+    with os.fdopen(fd, "w") as f:
+        f.write(absolute.to_json())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-m", "vae.cache.worker", "--rank", str(r), "--world", str(len(devices)),
+                               "--init", init, "--device", d, "--options", path], cwd=str(_ROOT), env=env)
+             for r, d in enumerate(devices) if r > 0]
+    return init, procs
 
 
 def cache(vae: str = None, inputs=None, output: Optional[str] = None, **kw) -> CacheResult:

@@ -2,35 +2,16 @@
 first device; ``spawn`` starts one ``python -m vae.cache.worker`` per other device. Each loads the VAE
 on its device and caches its share of the sources (whole sources, one VAE per process); torch.distributed
 (gloo, CPU tensors only) makes them start after every rank has read the manifest and adds up the counts
-at the end. Each writes its own manifest log; rank 0 folds them into the manifest."""
+at the end. Each writes its own manifest log; rank 0 folds them into the manifest. (runner.spawn starts them.)"""
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from .options import CacheOptions
-
-_ROOT = Path(__file__).resolve().parents[2]
-
-
-def spawn(opts: CacheOptions, devices: list[str]) -> tuple[str, list]:
-    from ..workers import _free_port
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    fd, path = tempfile.mkstemp(prefix="vaekit-cache-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        f.write(opts.to_json())
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, "-m", "vae.cache.worker", "--rank", str(r), "--world", str(len(devices)),
-                               "--init", init, "--device", d, "--options", path], cwd=str(_ROOT), env=env)
-             for r, d in enumerate(devices) if r > 0]
-    return init, procs
-
 
 def main() -> None:
     import torch.distributed as dist
