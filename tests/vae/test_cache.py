@@ -110,7 +110,7 @@ def test_the_posterior_is_diffusers_and_the_exact_mean_is_one_pass(tmp_path, dat
     stored = load_file(str(tmp_path / "out" / "c_00000-005.safetensors"))
     rec = _manifest(tmp_path / "out")["c_00000-005.safetensors"]
     assert rec["settings"]["bucket"] == [32, 32] and rec["settings"]["frames"] == [0, 1, 2, 3, 4]
-    assert rec["plan"].startswith("exact") and rec["logvar_note"].startswith("untiled")
+    assert rec["plan"].startswith("exact") and "fallback" in rec["logvar_note"]
     crop = clips.crop_for((80, 80), clips.Bucket(32, 32))
     (_, x), = list(media.read_clips(folder / "c.mp4", [clips.ClipPlan(0, 5, tuple(range(5)))], crop))
     mean, logvar = cache_data.diffusers_wan_posterior(x.unsqueeze(0))
@@ -207,7 +207,7 @@ def test_dry_run_plans_and_estimates_without_writing(tmp_path, data):
 
 def test_verify_decodes_and_compares_with_one_pass(tmp_path, data):
     folder, _ = data
-    res, said = _run(tmp_path, DEMO, [folder / "e.jpg"], verify=1, tile=32)
+    res, said = _run(tmp_path, DEMO, [folder / "e.jpg"], verify=1, tile=0)
     line = next(s for s in said if s.startswith("verify"))
     assert "PSNR" in line and "dB" in line
     diff = float(line.split("max |cached - untiled| ")[1].split()[0])
@@ -228,14 +228,16 @@ def test_timeouts_and_a_missing_pyav_fail_items_not_the_run(tmp_path, data, monk
     assert any('pip install "av>=15.1"' in s for s in said)
 
 
-def test_the_command_line_says_how_many_failed(tmp_path, data):
+def test_the_command_line_says_how_many_failed(tmp_path, data, capsys):
+    from vae.cli.commands import main
     folder, wan = data
     (tmp_path / "bad.webm").write_bytes(b"not a video")
     (tmp_path / "e.jpg").write_bytes((folder / "e.jpg").read_bytes())
-    r = subprocess.run([sys.executable, "-m", "vae", "cache", "--vae", str(DEMO), str(tmp_path / "bad.webm"),
-                        str(tmp_path / "e.jpg"), "-o", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 1, r.stderr
-    lines = r.stdout.strip().splitlines()
+    code = main(["cache", "--vae", str(DEMO), str(tmp_path / "bad.webm"), str(tmp_path / "e.jpg"), "-o",
+                 str(tmp_path / "o")])
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    lines = out.strip().splitlines()
     assert lines[-1].startswith("cached 2 items: 1 written, 0 up to date, 1 failed")
-    assert any(line.startswith("failed: source:bad.webm") for line in lines) and r.stderr == ""
+    assert any(line.startswith("failed: source:bad.webm") for line in lines)
+    assert err == ""                     # no progress bar where stderr is not a terminal

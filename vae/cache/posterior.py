@@ -26,9 +26,19 @@ def encode(vae, x: torch.Tensor, want_logvar: bool, progress=None, **kw) -> tupl
     if want_logvar and has_posterior(vae):
         mean, logvar = vae.encode(x, progress=progress, posterior=True, **kw)
         return mean, logvar, "exact"
-    mean = vae.encode(x, progress=progress, **kw)
+    layer = _moments_layer(vae.model) if want_logvar else None
+    seen: list = []
+    hook = layer.register_forward_hook(lambda m, i, o: seen.append(o.detach())) if layer is not None else None
+    try:              # FALLBACK: an encode that ran untiled shows its moments on the way (no second pass)
+        mean = vae.encode(x, progress=progress, **kw)
+    finally:
+        if hook is not None:
+            hook.remove()
     if not want_logvar:
         return mean, None, ""
+    logvar = _logvar(vae, [s for s in seen if s.device.type != "meta"], mean)
+    if logvar is not None:
+        return mean, logvar, "from the encode's own untiled pass (fallback until VAE.encode(posterior=True))"
     logvar, note = _untiled_logvar(vae, x, mean)
     return mean, logvar, note
 
@@ -45,7 +55,6 @@ def _moments_layer(model: torch.nn.Module) -> Optional[torch.nn.Module]:
 def _untiled_logvar(vae, x: torch.Tensor, mean: torch.Tensor) -> tuple[Optional[torch.Tensor], str]:
     """FALLBACK (see the module's note): the log-variance from one untiled pass, in the space of ``mean``."""
     layer = _moments_layer(vae.model)
-    c = vae.caps.latent_channels
     if layer is None or vae.caps.latent_pack > 1:
         return None, "no log-variance: this family's posterior is not read by the fallback"
     seen = []
@@ -53,18 +62,32 @@ def _untiled_logvar(vae, x: torch.Tensor, mean: torch.Tensor) -> tuple[Optional[
     try:
         with torch.inference_mode():
             lo, hi = vae.caps.value_range
-            raw = vae.model.encode(vae._model_input(x) * (hi - lo) + lo).float()
+            vae.model.encode(vae._model_input(x) * (hi - lo) + lo)
     finally:
         hook.remove()
-    moments = torch.cat(seen, dim=2).float() if len(seen) > 1 else seen[0].float() if seen else None   # per chunk
-    if moments is None or moments.shape[1] not in (c + 1, 2 * c) or moments.shape[2:] != mean.shape[2:]:
-        return None, "no log-variance: the encoder's output is not (mean, log-variance)"
+    logvar = _logvar(vae, seen, mean)
+    if logvar is None:
+        return None, "no log-variance: the encoder's moments do not give this mean"
+    return logvar, "untiled (fallback until VAE.encode(posterior=True))"
+
+
+def _logvar(vae, seen: list, mean: torch.Tensor) -> Optional[torch.Tensor]:
+    """The log-variance of the moments a pass showed (per time chunk, whole in space), in the space of
+    ``mean``; None unless their mean half gives ``mean``."""
+    c = vae.caps.latent_channels
+    if not seen or vae.caps.latent_pack > 1 or any(s.shape[-2:] != mean.shape[-2:] or s.dim() != mean.dim() for s in seen):
+        return None
+    moments = torch.cat(seen, dim=2).float() if mean.dim() == 5 else seen[-1].float()
+    if moments.shape[1] not in (c + 1, 2 * c) or moments.shape[2:] != mean.shape[2:]:
+        return None
+    m = moments[:, :c]
     logvar = moments[:, c:].expand(-1, c, *moments.shape[2:]) if moments.shape[1] == c + 1 else moments[:, c:]
     stats = getattr(vae.model, "per_channel_statistics", None)       # a normalising encode (LTX): z = (m - a) / s
     if stats is not None and hasattr(stats, "normalize"):
-        scale = stats.normalize(torch.ones_like(moments[:, :c])) - stats.normalize(torch.zeros_like(moments[:, :c]))
-        logvar = logvar + 2 * torch.log(scale.abs())
+        scale = stats.normalize(torch.ones_like(m)) - stats.normalize(torch.zeros_like(m))
+        m = stats.normalize(m)
+        logvar = logvar + 2 * torch.log(scale.abs())      # scale = 1 / s
     tol = 1e-3 * max(1.0, float(mean.abs().max()))
-    if raw.shape != mean.shape or float((raw.to(mean.device) - mean).abs().max()) > tol:
-        return None, "no log-variance: the untiled pass does not give this mean"
-    return logvar.to(mean.device).clamp(-30.0, 20.0), "untiled (fallback until VAE.encode(posterior=True))"
+    if float((m.to(mean.device) - mean.float()).abs().max()) > tol:
+        return None
+    return logvar.to(mean.device).clamp(-30.0, 20.0)

@@ -232,7 +232,10 @@ class Runner:
             keep = []
             for c in w.clips:
                 key = (w.root, c.output)
-                if key in seen and seen[key] != w.source:
+                if key in seen and seen[key] == w.source:
+                    w.error = (f"several of its clips would be the one file {c.output} ({self.format.describe()} holds "
+                               "one clip per source); ask for one clip length")
+                elif key in seen:
                     w.error = f"its output {c.output} is also another source's ({seen[key]}); rename one of them"
                 else:
                     seen[key] = w.source
