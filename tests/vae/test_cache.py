@@ -241,3 +241,34 @@ def test_the_command_line_says_how_many_failed(tmp_path, data, capsys):
     assert lines[-1].startswith("cached 2 items: 1 written, 0 up to date, 1 failed")
     assert any(line.startswith("failed: source:bad.webm") for line in lines)
     assert err == ""                     # no progress bar where stderr is not a terminal
+
+
+def test_frames_are_read_streaming_one_clip_at_a_time(tmp_path, monkeypatch):
+    """A 20-frame video in 5-frame chunks: each clip comes out as soon as its last frame is decoded, and only
+    the frames of clips still open are held (never the whole video)."""
+    path = cache_data.write_video(tmp_path / "long.mp4", cache_data.pan(cache_data.photos()[0], 20, (64, 48)))
+    plans = clips.plan_clips(20, clips.Frames((5,), "chunk"), clips.frame_rule(4))
+    assert [p.start for p in plans] == [0, 5, 10, 15]
+    fitted = []
+    real = media.fit_frame
+    monkeypatch.setattr(media, "fit_frame", lambda rgb, crop: fitted.append(1) or real(rgb, crop))
+    seen = []
+    for plan, x in media.read_clips(path, plans, clips.crop_for((64, 48), clips.Bucket(32, 32)), threads=1):
+        seen.append((plan.start, len(fitted), tuple(x.shape)))
+    assert seen == [(0, 5, (3, 5, 32, 32)), (5, 10, (3, 5, 32, 32)), (10, 15, (3, 5, 32, 32)), (15, 20, (3, 5, 32, 32))]
+
+
+def test_the_bar_shows_items_and_frames_per_second_on_a_terminal_only():
+    import io
+    from vae.cache.runner import Bar
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    tty, pipe = Tty(), io.StringIO()
+    for stream in (tty, pipe):
+        bar = Bar(stream, 2, quiet=False)
+        bar.item(5)
+        bar.item(5)
+        bar.close()
+    assert "2/2 items" in tty.getvalue() and "frames/s" in tty.getvalue() and pipe.getvalue() == ""

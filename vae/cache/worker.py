@@ -5,27 +5,20 @@ on its device and caches its share of the sources (whole sources, one VAE per pr
 at the end. Each writes its own manifest log; rank 0 folds them into the manifest. (runner.spawn starts them.)"""
 from __future__ import annotations
 
-import argparse
-import os
 from pathlib import Path
 
 import torch
 
 from .options import CacheOptions
 
+
 def main() -> None:
     import torch.distributed as dist
 
+    from ..workers import worker_args
     from .runner import run
-    p = argparse.ArgumentParser(description="a VAEKit cache worker (started by vaekit cache --devices)")
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--world", type=int, required=True)
-    p.add_argument("--init", required=True)
-    p.add_argument("--device", required=True)
-    p.add_argument("--options", required=True)
-    a = p.parse_args()
+    a = worker_args("a VAEKit cache worker (started by vaekit cache --devices)", **{"--options": dict(required=True)})
     opts = CacheOptions.from_json(Path(a.options).read_text())
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.world))
     if a.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(a.device))
     dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world)
