@@ -43,6 +43,9 @@ def test_vae_cache_stays_callable_after_its_modules_are_imported():
     import vae.cache.runner  # noqa: F401
     from vae import cache
     assert cache is vae.cache and callable(vae.cache) and callable(cache)
+    with pytest.raises(AttributeError, match="`import vae.cache` or `from vae import cache`"):
+        vae.__getattr__("cache")            # what `import vae; vae.cache` meets before anything imported the cache
+
     assert vae.cache.formats is sys.modules["vae.cache.formats"] and callable(vae.cache.cache)
     with pytest.raises(vae.InputError, match="no inputs"):
         vae.cache(str(DEMO), [], "x")

@@ -180,3 +180,47 @@ item = ds[0]["latents"]
 print(json.dumps({{"shape": list(item["latents"].shape), "fps": item["fps"], "frames": item["num_frames"]}}))
 """, tmp)
     assert got == {"shape": [16, 2, 1, 2], "fps": 24.0, "frames": 2}
+
+
+# musubi-tuner's cache_io.py per architecture: (architecture metadata, key pattern, dtype its script stores)
+MUSUBI_FACTS = {
+    "wan": ("wan", "latents_{F}x{H}x{W}_bfloat16", torch.bfloat16),
+    "hv": ("hunyuan_video", "latents_{F}x{H}x{W}_float16", torch.float16),
+    "hv15": ("hunyuan_video_1_5", "latents_{F}x{H}x{W}_float16", torch.float16),
+    "qi": ("qwen_image", "latents_{F}x{H}x{W}_bfloat16", torch.bfloat16),
+    "f2d": ("flux_2_dev", "latents_{H}x{W}_float32", torch.float32),
+    "f2k4b": ("flux_2_klein_4b", "latents_{H}x{W}_float32", torch.float32),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(MUSUBI_FACTS))
+def test_every_musubi_architecture_keys_its_latents_as_its_cache_script(tmp_path, arch):
+    from safetensors import safe_open
+
+    from vae.cache import formats
+    full, key, dtype = MUSUBI_FACTS[arch]
+    fmt = formats.make("musubi", arch)
+    a = fmt.arch
+    video = a.videos
+    item = formats.Item("clip", Path("sub/clip.mp4"), video, 8, 9 if video else 1, (1280, 720), 24.0)
+    mean = torch.randn((1, a.channels, 3, 5, 7) if a.frames else (1, a.channels, 5, 7))
+    path = tmp_path / fmt.path(item)
+    fmt.write(path, item, mean, None, {})
+    name = f"clip_00008-009_1280x0720_{full}.safetensors" if video else f"clip_1280x0720_{full}.safetensors"
+    assert path.name == name
+    with safe_open(str(path), "pt") as f:
+        k = key.format(F=3, H=5, W=7)
+        assert list(f.keys()) == [k] and f.get_tensor(k).dtype == dtype
+        assert f.get_tensor(k).shape == ((a.channels, 3, 5, 7) if a.frames else (a.channels, 5, 7))
+        meta = {"architecture": full, "width": "1280", "height": "720", "format_version": "1.0.1"}
+        assert f.metadata() == ({**meta, "frame_count": "9"} if video else meta)
+    back = fmt.read(path)                # --verify reads it back into the family's latent space
+    assert (back - mean[0]).abs().max() <= 2e-2 * float(mean.abs().max())
+
+
+@pytest.mark.parametrize("arch", ["fp", "fk", "nope"])
+def test_musubi_architectures_a_vae_cannot_make_are_refused_with_the_reason(arch):
+    from vae.cache import formats
+    from vae.errors import InputError
+    with pytest.raises(InputError, match="SigLIP|control image|unknown musubi"):
+        formats.make("musubi", arch)
