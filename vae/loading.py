@@ -2,10 +2,11 @@
 
 .safetensors are memory-mapped; .pth/.pt/.ckpt/.bin go through ``torch.load(weights_only=True)``
 only, so a pickle that would run code is refused, never executed (files/pickle_scan.py says why a file was
-refused without unpickling it). The model gets its own contiguous copy of every tensor (``_handed_over``),
-so every file and key layout of the same weights runs bit for bit the same. A file is validated before any tensor is used (files/safetensors_header.py),
+refused without unpickling it). A file is validated before any tensor is used (files/safetensors_header.py),
 and every step a family runs on its tensors is guarded (files/loadcheck.py), so a malformed file fails with
-one LoadError naming the file, the problem and a fix, and no half-built model.
+one LoadError naming the file, the problem and a fix, and no half-built model. The model gets its own
+contiguous copy of every tensor (``_handed_over``), so every file and key layout of the same weights
+runs bit for bit the same.
 
 A full checkpoint (a diffusion model with its VAE under ``vae.`` / ``first_stage_model.``, and for
 LTX-2 an audio VAE and a vocoder beside it) is read for its VAE only: of a .safetensors file, only
