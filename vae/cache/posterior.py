@@ -24,6 +24,8 @@ def has_posterior(vae) -> bool:
 def encode(vae, x: torch.Tensor, want_logvar: bool, progress=None, **kw) -> tuple[torch.Tensor, Optional[torch.Tensor], str]:
     """(mean, logvar or None, a note on the log-variance) of clips ``x`` [B, 3, F, H, W] in 0..1."""
     if want_logvar and has_posterior(vae):
+        if not getattr(vae.caps, "posterior", True):          # the family's encoder gives one latent
+            return vae.encode(x, progress=progress, **kw), None, "no log-variance: the family has no posterior"
         mean, logvar = vae.encode(x, progress=progress, posterior=True, **kw)
         return mean, logvar, "exact"
     layer = _moments_layer(vae.model) if want_logvar else None
