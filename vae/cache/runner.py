@@ -485,6 +485,10 @@ def run(opts: CacheOptions, say=print, stream=None, rank: Optional[int] = None, 
     try:
         runner = Runner(opts, rank, world, dev, say if rank == 0 else (lambda t: None), stream if rank == 0 else None)
         return _run(runner, procs)
+    except BaseException:
+        for p in procs:                 # our workers would wait for this rank until the group's timeout
+            p.kill()
+        raise
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
