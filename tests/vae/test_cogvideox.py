@@ -154,6 +154,32 @@ def test_exact_tiles_stream_the_batches(ours):
     assert (ours.encode(x, tile=24, mode="exact") - ours.encode(x)).abs().max() <= 1e-5
 
 
+def test_the_budget_planner_plans_smaller_exact_tiles_with_the_untiled_result(ours, caplog):
+    """Measured on the meta device (a batch's GroupNorm: tiles meet in rounds, streamed in the batches):
+    below an untiled pass's prediction the planner picks smaller exact tiles, with the untiled result;
+    planned for a GPU (paused tiles wait in host memory) the tiles need at most half the untiled pass."""
+    import logging
+    from vae.engine import budget, memory
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    z = torch.randn(1, 16, 1, 16, 16)
+    untiled = budget.plan(ours, ours.call_for("decode", z.shape, mode="exact"), 1 << 40, cpu, cpu, cpu)
+    assert untiled.call.tile >= 16 * 8
+    with caplog.at_level(logging.INFO, logger="VAEKit"):
+        out = ours.decode(z, mode="exact", budget=untiled.on_device() - 1)
+    line = next(r.message for r in caplog.records if "predicted on cpu" in r.message)
+    assert "exact" in line and "px tiles" in line, line
+    assert (out - ours.decode(z)).abs().max() <= 1e-5
+    call = ours.call_for("decode", (1, 16, 2, 16, 16), mode="exact")       # a batch of 2 latent frames
+    fixed = memory.calibration(gpu)[1]          # the calibration's fixed bytes: no tile shrinks them
+    whole = budget.plan(ours, call, 1 << 40, gpu, cpu, cpu).on_device()
+    half = fixed + (whole - fixed) // 2
+    p = budget.plan(ours, call, half, gpu, cpu, cpu)
+    assert p.call.tile < 16 * 8 and p.on_device() <= half
+    for op, shape in (("decode", z.shape), ("encode", (1, 3, 9, 64, 64))):
+        need = ours.memory_needed(shape, op, tile=32, mode="exact")
+        assert isinstance(need, int) and need > 0, op
+
+
 # ---- layouts, config, detection ------------------------------------------------------------------
 
 def test_core_layout_names(core_sd):
