@@ -7,7 +7,7 @@ ComfyUI core's own (`comfy.sd.VAE`, `comfy/ldm/cogvideo/vae.py`) on the same fil
 
 The weights: diffusers' class at its default config, which is every published one (2B, 5B, 5B-I2V, 1.5-5B),
 random under a fixed seed (GroupNorm affines and SpatialNorm convs jittered), saved with diffusers' keys,
-which are ComfyUI's; ours and core load that one file, diffusers keeps the module it came from. Core runs
+which are ComfyUI's, for core; ours reads the same tensors, diffusers keeps the module they came from. Core runs
 in a subprocess under `--python` (CPU, fp32; this file in --worker mode), ours and diffusers in this process
 (diffusers needs this python).
 
@@ -26,10 +26,7 @@ decode, raw latents for encode), per case:
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -77,15 +74,12 @@ def _audio_stand_in() -> None:
 
 def worker(a) -> None:
     """Core's side: every case through comfy.sd.VAE, and core's model in the original's grouping."""
-    from safetensors.torch import load_file, save_file
     torch.set_num_threads(a.threads)
     _audio_stand_in()
-    d = Path(a.worker)
-    sd = load_file(d / "weights.safetensors")
+    sd, inputs = comfy_core.worker_files(a.worker)
     v = comfy_core.vae(a.comfyui, sd)
     m = v.first_stage_model
     keys = set(m.state_dict())
-    inputs = load_file(d / "inputs.safetensors")
     out = {}
     with torch.inference_mode():
         for k, x in inputs.items():
@@ -95,9 +89,8 @@ def worker(a) -> None:
             else:
                 out[k] = v.encode(x[0].movedim(0, -1))               # an IMAGE batch [T, H, W, 3]
                 out[k + "_original"] = m.encoder(x * 2 - 1)[0].chunk(2, dim=1)[0]
-    save_file({k: x.contiguous() for k, x in out.items()}, d / "core.safetensors")
-    (d / "core.json").write_text(json.dumps({"model": type(m).__name__, "missing": sorted(keys - set(sd)),
-                                             "unexpected": sorted(set(sd) - keys)}))
+    comfy_core.save_worker(a.worker, out, {"model": type(m).__name__, "missing": sorted(keys - set(sd)),
+                                           "unexpected": sorted(set(sd) - keys)})
 
 
 def diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
@@ -110,37 +103,26 @@ def diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--comfyui", required=True, help="ComfyUI source directory (the one with comfy/)")
-    p.add_argument("--python", help="ComfyUI's python (its venv); default: this one")
-    p.add_argument("--threads", type=int, default=2)
+    comfy_core.comparison_flags(p)
     p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
     p.add_argument("--check", action="store_true", help=f"exit 1 unless the expected matches hold within {TOL}")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         return worker(a)
     a.comfyui, a.python = str(Path(a.comfyui).resolve()), a.python or sys.executable
     torch.set_num_threads(a.threads)
-    from safetensors.torch import load_file, save_file
     sys.path.insert(0, str(ROOT))
     import vae
     cases = {k: c for k, c in CASES.items() if not a.quick or k in QUICK}
     ref = published()
     failed = []
-    with tempfile.TemporaryDirectory(prefix="cmp_cogvideox_") as tmp:
-        d = Path(tmp)
-        save_file({k: t.contiguous() for k, t in ref.state_dict().items()}, d / "weights.safetensors")
-        g = torch.Generator().manual_seed(SEED)
-        inputs = {k: torch.randn(shape, generator=g) if op == "decode" else torch.rand(shape, generator=g)
-                  for k, (op, shape) in cases.items()}
-        save_file(inputs, d / "inputs.safetensors")
-        proc = subprocess.run([a.python, str(Path(__file__).resolve()), "--worker", tmp, "--comfyui", a.comfyui,
-                               "--threads", str(a.threads)], capture_output=True, text=True)
-        if proc.returncode:
-            sys.exit(f"ComfyUI FAILED:\n{proc.stderr[-3000:]}")
-        info = json.loads((d / "core.json").read_text())
-        core = load_file(d / "core.safetensors")
-        v = vae.load(d / "weights.safetensors")
+    g = torch.Generator().manual_seed(SEED)
+    inputs = {k: torch.randn(shape, generator=g) if op == "decode" else torch.rand(shape, generator=g)
+              for k, (op, shape) in cases.items()}
+    weights = ref.state_dict()
+    core, info = comfy_core.run_worker(str(Path(__file__).resolve()), a.comfyui, a.python, a.threads, weights,
+                                       inputs, prefix="cmp_cogvideox_")
+    v = vae.from_state_dict(weights, source="the same weights")
     print(f"CogVideoX VAE, published config, random weights (seed {SEED}), fp32, CPU, {a.threads} threads; "
           f"core model {info['model']}, core load: {len(info['missing'])} missing, {len(info['unexpected'])} "
           f"unexpected keys; ours: {v.name}")

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import vae
-from helpers import ROOT, assert_layouts_agree, jitter_norms
+from helpers import ROOT, assert_budget_plans_exact_tiles, assert_layouts_agree, halves, jitter_norms
 from vae import registry
 from vae.archs import cogvideox as cog
 from vae.archs import cogvideox_layout as layout
@@ -51,11 +51,6 @@ def core_sd(ref) -> dict:
 @pytest.fixture(scope="module")
 def ours(core_sd):
     return vae.from_state_dict(core_sd)
-
-
-def _halves(sd: dict) -> tuple[dict, dict]:
-    return ({k: v for k, v in sd.items() if k.startswith("encoder.")},
-            {k: v for k, v in sd.items() if k.startswith("decoder.")})
 
 
 def _diffusers_encode(ref, x: torch.Tensor, batch: int = 8) -> torch.Tensor:
@@ -157,27 +152,9 @@ def test_exact_tiles_stream_the_batches(ours):
 def test_the_budget_planner_plans_smaller_exact_tiles_with_the_untiled_result(ours, caplog):
     """Measured on the meta device (a batch's GroupNorm: tiles meet in rounds, streamed in the batches):
     below an untiled pass's prediction the planner picks smaller exact tiles, with the untiled result;
-    planned for a GPU (paused tiles wait in host memory) the tiles need at most half the untiled pass."""
-    import logging
-    from vae.engine import budget, memory
-    cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    z = torch.randn(1, 16, 1, 16, 16)
-    untiled = budget.plan(ours, ours.call_for("decode", z.shape, mode="exact"), 1 << 40, cpu, cpu, cpu)
-    assert untiled.call.tile >= 16 * 8
-    with caplog.at_level(logging.INFO, logger="VAEKit"):
-        out = ours.decode(z, mode="exact", budget=untiled.on_device() - 1)
-    line = next(r.message for r in caplog.records if "predicted on cpu" in r.message)
-    assert "exact" in line and "px tiles" in line, line
-    assert (out - ours.decode(z)).abs().max() <= 1e-5
-    call = ours.call_for("decode", (1, 16, 2, 16, 16), mode="exact")       # a batch of 2 latent frames
-    fixed = memory.calibration(gpu)[1]          # the calibration's fixed bytes: no tile shrinks them
-    whole = budget.plan(ours, call, 1 << 40, gpu, cpu, cpu).on_device()
-    half = fixed + (whole - fixed) // 2
-    p = budget.plan(ours, call, half, gpu, cpu, cpu)
-    assert p.call.tile < 16 * 8 and p.on_device() <= half
-    for op, shape in (("decode", z.shape), ("encode", (1, 3, 9, 64, 64))):
-        need = ours.memory_needed(shape, op, tile=32, mode="exact")
-        assert isinstance(need, int) and need > 0, op
+    planned for a GPU the tiles of a batch of 2 latent frames need at most half the untiled pass."""
+    assert_budget_plans_exact_tiles(ours, torch.randn(1, 16, 1, 16, 16), (1, 16, 2, 16, 16), (1, 3, 9, 64, 64),
+                                    caplog, tile=32)
 
 
 # ---- layouts, config, detection ------------------------------------------------------------------
@@ -215,7 +192,7 @@ def test_published_config_is_read_from_shapes():
         ours = cog.CogVideoXVAE(cfg)
     n = sum(p.numel() for p in ours.parameters())
     assert n == sum(p.numel() for p in published.parameters()) == 215_583_907
-    for half in _halves(sd):
+    for half in halves(sd):
         read = cog.SPEC.config_from_state_dict(cog.SPEC.to_canonical(half))
         assert (read.widths, read.layers_per_block, read.latent_channels) == ((128, 256, 256, 512), 3, 16)
     caps = cog.capabilities(cfg)
@@ -225,7 +202,7 @@ def test_published_config_is_read_from_shapes():
 
 
 def test_decoder_only_and_encoder_only_files(core_sd, ours):
-    enc_sd, dec_sd = _halves(core_sd)
+    enc_sd, dec_sd = halves(core_sd)
     enc, dec = vae.from_state_dict(enc_sd), vae.from_state_dict(dec_sd)
     assert "decoder only" in dec.name and "encoder only" in enc.name
     z, x = torch.randn(1, 16, 3, 2, 2), torch.rand(1, 3, 5, 16, 16)
@@ -243,7 +220,7 @@ def _other_families() -> dict:
 def test_detected_as_itself_in_every_layout_and_claims_no_other(core_sd, ours):
     canonical = ours.state_dict()
     for name, sd in {"core": core_sd, "canonical": canonical, "original": layout.to_original(canonical),
-                     "core-decoder": _halves(core_sd)[1], "core-encoder": _halves(core_sd)[0]}.items():
+                     "core-decoder": halves(core_sd)[1], "core-encoder": halves(core_sd)[0]}.items():
         assert [s.id for s in registry.REGISTRY if s.detect(sd)] == ["cogvideox"], name
     for name, other in _other_families().items():
         spec = next((s for s in registry.REGISTRY if s.detect(other)), None)
