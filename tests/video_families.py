@@ -102,6 +102,9 @@ ROWS: dict[str, Row] = {
     # the published structure (6 encoder levels, 4 of them down-sampling), 32 wide (GroupNorm's 32
     # groups), and a 2-block ViT of 2 heads of 64
     "minimax": Row((16, 4), _minimax, own_tiles=True),
+    # the published structure (4 levels, time resampled on the outer two), 32 wide (GroupNorm's 32 groups)
+    "cogvideox": Row((8, 4), lambda: _diffusers().AutoencoderKLCogVideoX(block_out_channels=(32,) * 4,
+                                                                         layers_per_block=1)),
 }
 FAMILIES = tuple(ROWS)
 RATIOS = {name: row.ratios for name, row in ROWS.items()}
