@@ -128,6 +128,9 @@ ROWS: dict[str, Row] = {
     # the published structure (6 encoder levels, 4 of them down-sampling), 32 wide (GroupNorm's 32
     # groups), and a 2-block ViT of 2 heads of 64
     "minimax": Row((16, 4), _minimax, own_tiles=True),
+    # the published structure (4 levels, time resampled on the outer two), 32 wide (GroupNorm's 32 groups)
+    "cogvideox": Row((8, 4), lambda: _diffusers().AutoencoderKLCogVideoX(block_out_channels=(32,) * 4,
+                                                                         layers_per_block=1)),
     # the TAEHV family at Wan 2.1's / HunyuanVideo's shapes (16 channels, 8x/4x), narrow; and taeh3 (MiniMax
     # H3's 24 channels, 2x2 patches), whose units are H3's clips
     "taehv": Row((8, 4), lambda: _taehv(16, 1)),

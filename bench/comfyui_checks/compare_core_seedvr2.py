@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -121,7 +122,7 @@ def main() -> None:
         return worker(a)
     a.comfyui, a.python = str(Path(a.comfyui).resolve()), a.python or sys.executable
     torch.set_num_threads(a.threads)
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
     with tempfile.TemporaryDirectory(prefix="cmp_seedvr2_") as tmp:
         d = Path(tmp)
         save_file(published_weights(), d / "weights.safetensors")
@@ -130,7 +131,12 @@ def main() -> None:
         inputs = {k: torch.randn(shape, generator=g) if op == "decode" else torch.rand(shape, generator=g)
                   for k, (op, shape) in cases.items()}
         save_file(inputs, d / "inputs.safetensors")
-        info, core = comfy_core.run_worker(__file__, tmp, a.comfyui, a.python, a.threads)
+        proc = subprocess.run([a.python, str(Path(__file__).resolve()), "--worker", tmp, "--comfyui", a.comfyui,
+                               "--threads", str(a.threads)], capture_output=True, text=True)
+        if proc.returncode:
+            sys.exit(f"ComfyUI FAILED:\n{proc.stderr[-3000:]}")
+        info = json.loads((d / "core.json").read_text())
+        core = load_file(d / "core.safetensors")
         import vae
         v = vae.load(d / "weights.safetensors")
         print(f"SeedVR2 VAE, published config, random weights (seed {SEED}), fp32, CPU, {a.threads} threads; "

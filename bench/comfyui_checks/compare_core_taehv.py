@@ -82,18 +82,16 @@ def published_weights(name: str) -> dict:
 
 
 def worker(a) -> None:
-    """Core's side: each file through comfy.sd.VAE (decode, encode, and taeltx_2's tiled decode)."""
-    from safetensors.torch import load_file, save_file
+    """Core's side: each file (its tensors under ``STEM/`` in the weights) through comfy.sd.VAE: decode,
+    encode, and taeltx_2's tiled decode."""
     torch.set_num_threads(a.threads)
-    d = Path(a.worker)
+    weights, inputs = comfy_core.worker_files(a.worker)
     comfy_core.start(a.comfyui)
     import comfy.sd
-    inputs = load_file(d / "inputs.safetensors")
     out, info = {}, {}
-    files = {f.stem: f for f in d.glob("*.safetensors") if f.stem not in ("inputs", "core")}
     with torch.inference_mode():
-        for stem, path in sorted(files.items()):
-            v = comfy.sd.VAE(sd=load_file(str(path)))
+        for stem in sorted({k.split("/", 1)[0] for k in weights}):
+            v = comfy.sd.VAE(sd={k.split("/", 1)[1]: t for k, t in weights.items() if k.startswith(stem + "/")})
             m = v.first_stage_model
             info[stem] = dict(model=type(m).__name__, latent_format=type(m.latent_format).__name__
                               if m.latent_format else None, act=type(m.decoder[2]).__name__,
@@ -111,8 +109,7 @@ def worker(a) -> None:
                     out[f"{stem}/decode_tiled"] = y.movedim(-1, 1)
                 except Exception as e:        # noqa: BLE001 - reported as a row
                     info[stem]["tiled_error"] = f"{type(e).__name__}: {e}"[:200]
-    save_file({k: x.float().contiguous() for k, x in out.items()}, d / "core.safetensors")
-    (d / "core.json").write_text(json.dumps(info))
+    comfy_core.save_worker(a.worker, {k: x.float() for k, x in out.items()}, info)
 
 
 def _reference(path: str):
@@ -140,12 +137,9 @@ class Table:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--comfyui", required=True, help="ComfyUI source directory (the one with comfy/)")
-    p.add_argument("--python", help="ComfyUI's python (its venv); default: this one")
+    comfy_core.comparison_flags(p)
     p.add_argument("--reference", help="a copy of madebyollin/taehv taehv.py: its rows too")
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", help="write the rows here")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         return worker(a)
@@ -158,19 +152,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cmp_taehv_") as tmp:
         d = Path(tmp)
         g = torch.Generator().manual_seed(SEED)
-        inputs = {}
+        inputs, weights = {}, {}
         for name, (latent, patch, _, _, t, frames) in VARIANTS.items():
             sd = published_weights(name)
-            save_file(sd if name == "taehv" else {k: v.float() for k, v in sd.items()}, d / f"{name}.safetensors")
+            files = {name: sd if name == "taehv" else {k: v.float() for k, v in sd.items()}}
             if name == "taehv":          # the same weights in fp32: core's other 16-channel model
-                save_file({k: v.float() for k, v in sd.items()}, d / "taehv_fp32.safetensors")
+                files["taehv_fp32"] = {k: v.float() for k, v in sd.items()}
+            for stem, tensors in files.items():
+                save_file(tensors, d / f"{stem}.safetensors")
+                weights.update({f"{stem}/{k}": v for k, v in tensors.items()})
             h = PIXELS // (8 * patch)
             inputs[f"{name}/z1"] = torch.randn(1, latent, 1, h, h, generator=g)
             inputs[f"{name}/z"] = torch.randn(1, latent, t, h, h, generator=g)
             inputs[f"{name}/x1"] = torch.rand(1, 3, 1, PIXELS, PIXELS, generator=g)
             inputs[f"{name}/x"] = torch.rand(1, 3, frames, PIXELS, PIXELS, generator=g)
-        save_file(inputs, d / "inputs.safetensors")
-        info, core = comfy_core.run_worker(__file__, tmp, a.comfyui, a.python, a.threads)
+        core, info = comfy_core.run_worker(str(Path(__file__).resolve()), a.comfyui, a.python, a.threads, weights,
+                                           inputs, prefix="cmp_taehv_")
         print(f"TAEHV family, published configs, random weights (seed {SEED}, fp16 values), fp32 compute, CPU, "
               f"{a.threads} threads, {PIXELS}x{PIXELS} px")
         for stem, i in info.items():
