@@ -14,17 +14,17 @@ _TILE = ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32,
                  "tooltip": "Tile size in pixels. Each tile covers about this much plus the overlap it shares with "
                             "its neighbours; an image no larger than this is processed in one untiled pass. "
                             "Smaller tiles use less memory. MiniMax H3 runs its own tiles (256 px, part of the "
-                            "model's definition) whatever is set here."})
+                            "model's definition) whatever is set here, and its tiny autoencoder taeh3 whole frames."})
 _OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
                     "tooltip": "Pixels shared by neighbouring tiles and blended (at most half the tile). "
                                "More overlap hides seams better and costs a little more time."})
 _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4, "advanced": True,
                      "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; a clip no longer than "
                                 "this is one pass in time. Models that stream through causal caches (Wan, "
-                                "HunyuanVideo 1.5, Mochi, Magvit, SeedVR2; the LTX-Video and LTX-2 encoders) take the "
-                                "clip this many frames at a time with an exact result (Wan and SeedVR2 at most 4, one "
-                                "latent frame, "
-                                "HunyuanVideo 1.5 at most 8, two, as their references run: more frames only cost "
+                                "HunyuanVideo 1.5, Mochi, Magvit, SeedVR2, the TAEHV decoders; the LTX-Video and LTX-2 "
+                                "encoders) take the clip this many frames at a time with an exact result (Wan and "
+                                "SeedVR2 at most 4, one latent frame, HunyuanVideo 1.5 at most 8, two, as their "
+                                "references run, TAEHV at most 16 (32 for taeltx_2), four: more frames only cost "
                                 "memory; CogVideoX decodes in its own batches of latent frames, 3 then 2, whatever "
                                 "is set: they are part of its definition); others blend overlapping tiles, "
                                 "approximately: an LTX-2 "
@@ -62,7 +62,8 @@ _MODE = (["exact", "fast"], {"default": "exact",
                                "rounding level): tiles carry a halo as wide as the layers' reach, attention runs "
                                "on the whole latent (LTX-2.5's neighbourhood attention is local: its tiles carry "
                                "the windows' reach), GroupNorm statistics are shared; overlap is not used. Wan, "
-                               "Qwen-Image, HunyuanVideo 1.5 and LTX run tile after tile, each through all its "
+                               "Qwen-Image, HunyuanVideo 1.5, LTX and the TAEHV family run tile after tile, each "
+                               "through all its "
                                "frames, so memory is one tile's however large the image or clip; VAEs with "
                                "GroupNorm (SD/Flux KL, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2, CogVideoX) keep paused "
                                "tiles on the CPU while a GPU runs the others. fast: independent tiles blended in "

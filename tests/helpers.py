@@ -26,6 +26,20 @@ def module_attrs(model: torch.nn.Module) -> dict:
             for name, m in model.named_modules()}
 
 
+def original_module(env: str, what: str):
+    """An original repository's source file (e.g. madebyollin's taesd.py), imported from the local copy
+    the environment variable ``env`` names: a test-time oracle only. CI has neither network nor a copy,
+    so the test is skipped there (``what`` says which copy to give)."""
+    import importlib.util
+    path = os.environ.get(env)
+    if not path or not os.path.isfile(path):
+        pytest.skip(f"set {env} to a copy of {what}")
+    spec = importlib.util.spec_from_file_location(f"_{env.lower()}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def jitter_norms(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
     """Random GroupNorm affine parameters, so a parity test also checks the norms' weights."""
     g = torch.Generator().manual_seed(1)
