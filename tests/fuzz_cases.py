@@ -378,7 +378,7 @@ def _all_file_cases(sd: Sd, seed: int) -> Iterator[tuple[str, str, bytes]]:
 
 def families() -> dict[str, Callable[[], Sd]]:
     """Family id -> its tiny state dict (diffusers layout), as the other tests build them."""
-    from helpers import diffusers_kl, diffusers_tiny
+    from helpers import diffusers_kl, diffusers_paella, diffusers_tiny
     from video_families import FAMILIES, tiny_state_dict
 
     def consistency():
@@ -395,7 +395,8 @@ def families() -> dict[str, Callable[[], Sd]]:
         return diffusers_flux2.model().state_dict()
 
     out = {"kl": lambda: diffusers_kl().state_dict(), "tiny": lambda: diffusers_tiny().state_dict(),
-           "consistency": consistency, "flux2": flux2}
+           "consistency": consistency, "flux2": flux2,
+           "stage_a": lambda: diffusers_paella().state_dict()}
     out.update({f: (lambda f=f: tiny_state_dict(f)) for f in FAMILIES})
     return out
 

@@ -33,7 +33,7 @@ class StageAConfig:
     hidden: int                      # a block's channel-MLP width / its own width (4 as published)
     bottleneck_blocks: int           # blocks at the decoder's lowest resolution (0: no decoder)
     latent_channels: int
-    codebook_size: int               # 0: the file has no codebook (encode/decode never read it)
+    codebook_size: int               # codes in the quantizer (encode/decode never read them)
     patch: int                       # pixels per side of the space-to-depth around the network
     image_channels: int
     has_encoder: bool
@@ -110,8 +110,7 @@ class StageA(nn.Module):
         self.config = cfg
         if cfg.has_encoder:
             self.in_block, self.down_blocks = _encoder(cfg)
-        if cfg.codebook_size:
-            self.vquantizer = Codebook(cfg.codebook_size, cfg.latent_channels)
+        self.vquantizer = Codebook(cfg.codebook_size, cfg.latent_channels)
         if cfg.has_decoder:
             self.up_blocks, self.out_block = _decoder(cfg)
 
@@ -122,8 +121,6 @@ class StageA(nn.Module):
         return self.out_block(self.up_blocks(z))
 
     def quantize(self, z: torch.Tensor) -> torch.Tensor:
-        if not self.config.codebook_size:
-            raise ValueError("this stage A file has no codebook (vquantizer.codebook.weight), so it cannot quantize.")
         return self.vquantizer(z)
 
 
@@ -146,8 +143,8 @@ def capabilities(cfg: StageAConfig) -> Capabilities:
 
 def describe(cfg: StageAConfig) -> str:
     ratio = capabilities(cfg).spatial_ratio
-    notes = [f"{ratio}x"] + ([f"codebook {cfg.codebook_size}"] if cfg.codebook_size else [])
-    return describe_vae("Stable Cascade stage A", cfg.latent_channels, cfg.has_encoder, cfg.has_decoder, *notes)
+    return describe_vae("Stable Cascade stage A", cfg.latent_channels, cfg.has_encoder, cfg.has_decoder,
+                        f"{ratio}x", f"codebook {cfg.codebook_size}")
 
 
 SPEC = ArchSpec(id="stage_a", name="Stable Cascade stage A", detect=layout.detect,

@@ -107,10 +107,10 @@ def structure(sd) -> dict:
         image, patch = _split(sd["in_block.1.weight"].shape[1])
     first = next(k for k in sd if re.search(r"\.channelwise\.0\.weight$", k))
     hidden, width = sd[first].shape
-    codebook = sd.get("vquantizer.codebook.weight")
-    if codebook is not None and codebook.shape[-1] != latent:
+    codebook = sd["vquantizer.codebook.weight"]     # in every published file; core detects stage A by it
+    if codebook.shape[-1] != latent:
         raise LoadError(f"the codebook holds {codebook.shape[-1]}-channel codes for a {latent}-channel latent.",
                         fix=FIX)
     return dict(widths=widths, hidden=hidden // width, bottleneck_blocks=bottleneck or 0,
-                     latent_channels=latent, codebook_size=0 if codebook is None else codebook.shape[0],
+                     latent_channels=latent, codebook_size=codebook.shape[0],
                      patch=patch, image_channels=image, has_encoder=has_enc, has_decoder=has_dec)
