@@ -35,6 +35,7 @@ QWEN21 = "qwen_image_2.1_vae_bf16.safetensors"   # the templates' file: ComfyUI'
 
 
 MAGE = "mage_flow_vae_bf16.safetensors"   # a random-weight Mage-VAE at the published ratio (16), narrow, bf16
+STAGE_A = "stage_a.safetensors"     # Stable Cascade's file name: ComfyUI's layout, the published ratio (4), narrow, random
 
 
 @pytest.fixture
@@ -64,6 +65,7 @@ def video_dirs(comfy_dirs):
 
 
     save_file(_mage_weights(), str(comfy_dirs / "models" / "vae" / MAGE))
+    save_file(_stage_a_weights(), str(comfy_dirs / "models" / "vae" / STAGE_A))
     return comfy_dirs
 
 
@@ -86,6 +88,13 @@ def _mage_weights() -> dict:
     import mage_tiny
     sd = mage_tiny.file_layout(mage_tiny.canonical(patch=16), anchor=True)      # ComfyUI's file layout
     return {k: v.to(torch.bfloat16) for k, v in sd.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _stage_a_weights() -> dict:
+    from helpers import diffusers_paella
+    sd = diffusers_paella().state_dict()
+    return {k.replace("vquantizer.embedding.", "vquantizer.codebook."): v.contiguous() for k, v in sd.items()}
 
 
 def test_every_api_workflow_has_a_ui_twin():
@@ -328,3 +337,28 @@ def test_mage_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
     png, v, z, want = _image_roundtrip("image_mage_roundtrip_api.json", MAGE, video_dirs)
     assert v.spec.id == "mage" and z.shape == (1, 16, png.shape[0] // 16, png.shape[1] // 16)
     assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
+
+
+def test_stage_a_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
+    """Stable Cascade's stage A: Load Image -> Tiled Encode -> Tiled Decode (both exact, 128 px tiles) ->
+    Save Image, and core's VAE Decode of the same LATENT ([1, 4, H/4, W/4], as core's Stable Cascade
+    graphs hand stage A) -> Save Image: both the library's untiled round trip, to PNG rounding."""
+    from vaekit import vae as lib
+    from vaekit.nodes.headless import run_prompt
+    from vaekit.vae.files.imageio import read_image
+    api = json.loads((WORKFLOWS / "image_stage_a_roundtrip_api.json").read_text())
+    assert api["1"]["inputs"]["vae_name"] == STAGE_A
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
+        v = lib.load(video_dirs / "models" / "vae" / STAGE_A)
+        x = read_image(video_dirs / "input" / "vaekit_sample.png").movedim(-1, 0)[None]
+        z = v.encode(x)
+        want = v.decode(z)[0].movedim(0, -1)
+    finally:
+        torch.set_num_threads(threads)
+    assert v.spec.id == "stage_a" and z.shape == (1, 4, x.shape[2] // 4, x.shape[3] // 4)
+    for node in ("5", "7"):                     # ours (exact tiles) and core's VAE Decode
+        (png,) = ui[node]["images"]
+        assert (read_image(png) - want).abs().max() <= 1 / 255 + 1e-6, node     # 8-bit PNG rounding
