@@ -283,3 +283,20 @@ def spy_tensor_reads(monkeypatch) -> list:
 
     monkeypatch.setattr(loading, "safe_open", Spy)
     return read
+
+
+def core_parity_rows(script: str, tmp_path) -> list[dict]:
+    """Run ``bench/comfyui_checks/<script>`` against ComfyUI core (COMFYUI_DIR / COMFYUI_PYTHON: the caller
+    skips without them) with ``--json``; its ``parity`` rows, asserted non-empty."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "comfyui_checks" / script), "--comfyui",
+                           os.environ["COMFYUI_DIR"], "--python", os.environ["COMFYUI_PYTHON"], "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parity = [r for r in json.loads(out.read_text()) if r["parity"]]
+    assert parity
+    return parity
+

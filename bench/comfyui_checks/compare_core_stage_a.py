@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -89,22 +88,6 @@ def worker(a) -> None:
     comfy_core.save_worker(a.worker, {k: x.float() for k, x in out.items()}, info)
 
 
-class Table:
-    def __init__(self):
-        self.rows = []
-
-    def add(self, name: str, ours: torch.Tensor, ref: torch.Tensor, note: str, parity: bool) -> None:
-        if ours.shape != ref.shape:
-            print(f"{name:<34} SHAPE {tuple(ours.shape)} vs {tuple(ref.shape)}  {note}")
-            self.rows.append(dict(name=name, max=math.inf, mean=math.inf, parity=parity, note=note))
-            return
-        diff = (ours.float() - ref.float()).abs()
-        row = dict(name=name, max=diff.max().item(), mean=diff.mean().item(), parity=parity, note=note)
-        self.rows.append(row)
-        print(f"{name:<34} {str(tuple(ours.shape[1:])):<16} {row['max']:>9.2e} {row['mean']:>9.2e}  "
-              f"{'parity' if parity else '      '}  {note}")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     comfy_core.comparison_flags(p)
@@ -117,7 +100,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from safetensors.torch import save_file
     import vae
-    table = Table()
+    table = comfy_core.ParityTable(width=34, skip=1)
     weights = published_weights()
     g = torch.Generator().manual_seed(SEED + 1)
     h, w = LATENT
@@ -157,7 +140,7 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(table.rows, indent=1))
 
 
-def diffusers_rows(weights: dict, z: torch.Tensor, x: torch.Tensor, core: dict, table: Table,
+def diffusers_rows(weights: dict, z: torch.Tensor, x: torch.Tensor, core: dict, table: comfy_core.ParityTable,
                    ours_decode: torch.Tensor, ours_encode: torch.Tensor) -> None:
     """diffusers' PaellaVQModel on the same tensors (its codebook key) beside ours and core."""
     try:

@@ -8,22 +8,18 @@ published config in the slow test. Parity with ComfyUI core (COMFYUI_DIR + COMFY
 bench/comfyui_checks/compare_core_stage_a.py."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import vae
-from helpers import assert_budget_plans_exact_tiles, assert_layouts_agree, diffusers_paella, reference_state_dicts
+from helpers import (assert_budget_plans_exact_tiles, assert_layouts_agree, core_parity_rows, diffusers_paella,
+                     reference_state_dicts)
 from vae import registry
 from vae.archs import stage_a
 from vae.loading import unwrap
 
-ROOT = Path(__file__).resolve().parents[2]
 PARITY = 1e-4    # fp32, 0..1 pixels / latents
 VISIBLE = 1e-3   # what fast tiles change: the case is not trivially seamless
 
@@ -225,12 +221,5 @@ def test_published_config_parity_and_exact_tiles():
 @pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
                     reason="set COMFYUI_DIR and COMFYUI_PYTHON to compare with ComfyUI core's stage A")
 def test_matches_comfyui_core(tmp_path):
-    script = ROOT / "bench" / "comfyui_checks" / "compare_core_stage_a.py"
-    out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(script), "--comfyui", os.environ["COMFYUI_DIR"], "--python",
-                           os.environ["COMFYUI_PYTHON"], "--json", str(out)], capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())
-    parity = [r for r in rows if r["parity"]]
-    assert parity and all(r["max"] <= PARITY for r in parity), [r for r in parity if r["max"] > PARITY]
+    parity = core_parity_rows("compare_core_stage_a.py", tmp_path)
+    assert all(r["max"] <= PARITY for r in parity), [r for r in parity if r["max"] > PARITY]

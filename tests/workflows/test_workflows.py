@@ -254,8 +254,8 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
         assert (frames[i] - frame).abs().max() <= 1 / 255 + 1e-6      # 8-bit frames
 
 
-def _image_roundtrip(api_name: str, vae_file: str, dirs):
-    """Run an image round-trip graph headless; (the saved PNG, the VAE, the library's untiled latent and
+def _run_image_graph(api_name: str, vae_file: str, dirs):
+    """Run an image round-trip graph headless; (its outputs, the VAE, the library's untiled latent and
     round trip of the same image)."""
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
@@ -272,6 +272,13 @@ def _image_roundtrip(api_name: str, vae_file: str, dirs):
         want = v.decode(z)[0].movedim(0, -1)
     finally:
         torch.set_num_threads(threads)
+    return ui, v, z, want
+
+
+def _image_roundtrip(api_name: str, vae_file: str, dirs):
+    """(the PNG of node 5, the VAE, the library's untiled latent and round trip): see _run_image_graph."""
+    from vaekit.vae.files.imageio import read_image
+    ui, v, z, want = _run_image_graph(api_name, vae_file, dirs)
     return read_image(ui["5"]["images"][0]), v, z, want
 
 
@@ -343,22 +350,9 @@ def test_stage_a_workflow_runs_headless_and_matches_the_library(pack, video_dirs
     """Stable Cascade's stage A: Load Image -> Tiled Encode -> Tiled Decode (both exact, 128 px tiles) ->
     Save Image, and core's VAE Decode of the same LATENT ([1, 4, H/4, W/4], as core's Stable Cascade
     graphs hand stage A) -> Save Image: both the library's untiled round trip, to PNG rounding."""
-    from vaekit import vae as lib
-    from vaekit.nodes.headless import run_prompt
     from vaekit.vae.files.imageio import read_image
-    api = json.loads((WORKFLOWS / "image_stage_a_roundtrip_api.json").read_text())
-    assert api["1"]["inputs"]["vae_name"] == STAGE_A
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        ui = run_prompt(api, input_dir=video_dirs / "input", output_dir=video_dirs / "output")
-        v = lib.load(video_dirs / "models" / "vae" / STAGE_A)
-        x = read_image(video_dirs / "input" / "vaekit_sample.png").movedim(-1, 0)[None]
-        z = v.encode(x)
-        want = v.decode(z)[0].movedim(0, -1)
-    finally:
-        torch.set_num_threads(threads)
-    assert v.spec.id == "stage_a" and z.shape == (1, 4, x.shape[2] // 4, x.shape[3] // 4)
+    ui, v, z, want = _run_image_graph("image_stage_a_roundtrip_api.json", STAGE_A, video_dirs)
+    assert v.spec.id == "stage_a" and z.shape == (1, 4, want.shape[0] // 4, want.shape[1] // 4)
     for node in ("5", "7"):                     # ours (exact tiles) and core's VAE Decode
         (png,) = ui[node]["images"]
         assert (read_image(png) - want).abs().max() <= 1 / 255 + 1e-6, node     # 8-bit PNG rounding
