@@ -128,8 +128,12 @@ def describe(cfg: HunyuanVideo15Config) -> str:
     return spec.describe("HunyuanVideo 1.5 VAE", cfg.latent_channels, cfg.has_encoder, cfg.has_decoder)
 
 
+def config_from_state_dict(sd, name_hint: Optional[str] = None) -> HunyuanVideo15Config:
+    layout.refuse_refiner(name_hint)
+    return layout.config(sd, HunyuanVideo15Config, Resample)
+
+
 SPEC = ArchSpec(id="hunyuan_video15", name="HunyuanVideo 1.5 VAE", detect=layout.detect,
-                to_canonical=layout.to_canonical,
-                config_from_state_dict=lambda sd, hint=None: layout.config(sd, hint, HunyuanVideo15Config, Resample),
+                to_canonical=layout.to_canonical, config_from_state_dict=config_from_state_dict,
                 build=HunyuanVideo15VAE, capabilities=capabilities, describe=describe,
                 priority=100, latent_hints=((32, 5, "HunyuanVideo 1.5"),))
