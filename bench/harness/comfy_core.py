@@ -14,10 +14,27 @@ def start(comfyui: str, pytorch_attention: bool | None = None) -> None:
     anything else from comfy or ComfyUI's ``nodes``."""
     if sys.path[0] != comfyui:
         sys.path.insert(0, comfyui)
+    _audio_stand_in()
     from comfy.cli_args import args
     args.cpu = True
     if pytorch_attention is not None:
         args.use_pytorch_cross_attention = pytorch_attention
+
+
+def _audio_stand_in() -> None:
+    """``comfy.sd`` imports ``torchaudio.functional`` (its Gemma 4 text encoder, 783545f6). A ComfyUI set up
+    without audio (an import-only ``torchaudio`` package) lacks that module: an empty one stands in, so the
+    VAE code imports; nothing here calls audio code."""
+    import importlib.util
+    import types
+    try:
+        if importlib.util.find_spec("torchaudio") is None or importlib.util.find_spec("torchaudio.functional"):
+            return
+    except (ImportError, ValueError):
+        return
+    import torchaudio
+    stand_in = types.ModuleType("torchaudio.functional")
+    sys.modules["torchaudio.functional"] = torchaudio.functional = stand_in
 
 
 def vae(comfyui: str, sd: dict, **kw):

@@ -220,8 +220,8 @@ def test_latents_as_core_gives_them(v3, pack):
     z = sock.encode(image)
     assert z.shape == (2, 32, 1, 3, 2) and sock.latent_channels == 32 and sock.spacial_compression_decode() == 16
     assert torch.equal(z, handle.encode(image[:, :, 4:36].movedim(-1, 1)))
-    out = sock.decode(z)
-    assert out.shape == (2, 48, 32, 3) and torch.equal(out, sock.decode(z[:, :, 0]))
+    out = sock.decode(z)        # core's VAE.decode of its 3-D VAE: [B, 1, H, W, C] (its VAE Decode flattens it)
+    assert out.shape == (2, 1, 48, 32, 3) and torch.equal(out[:, 0], sock.decode(z[:, :, 0]))
     with pytest.raises(InputError, match="image latent"):
         v3.decode(torch.randn(1, 32, 2, 3, 2))
 

@@ -14,6 +14,8 @@ Layouts users have:
   its resampler in running order: ``encoder.down_blocks.<k>`` (``norm1 conv1 norm2 conv2 conv_shortcut``,
   or a resampler's ``conv``), ``decoder.up_blocks.<k>``, ``{encoder,decoder}.mid_block.{resnets.0,
   attentions.0,resnets.1}`` with ``norm to_q to_k to_v proj``, ``norm_out``, ``conv_out``.
+- ComfyUI in memory (``comfy.sd.VAE.get_sd()``, a core-loaded VAE handed to our nodes): 3.0's as the file plus
+  the mid-block resnets' ``temb_proj`` (a timestep projection core builds and never uses), dropped on load.
 - full checkpoints: the VAE under ``vae.`` (vae/loading.py strips it).
 Canonical: the LDM names, the decoder's ``up.<i>`` indexed fine to coarse (``up.<n-1>`` runs first),
 2-D convs for 2.1, 3-D for 3.0.
@@ -45,6 +47,9 @@ _MID = [
     (r"\.mid_block\.attentions\.0\.norm\.", ".mid.attn_1.norm."),
     (r"\.conv_shortcut\.", ".nin_shortcut."),
 ]
+# core's 3.0 mid-block resnets are built with a timestep projection they never use (``temb_channels`` left at
+# its default; no timestep reaches them): its model's state dict (``VAE.get_sd()``) carries these
+_UNUSED = re.compile(r"^(encoder|decoder)\.mid\.block_[12]\.temb_proj\.(weight|bias)$")
 _PARTS = re.compile(r"^(encoder|decoder)\.(conv_in|down|up|mid|norm_out|conv_out)\.")
 _RESNET_NORM = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.block\.\d+\.norm1\.weight$")
 _RESAMPLER = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.(downsample|upsample)\.conv\.weight$")
@@ -83,6 +88,7 @@ def _flat_time(sd: Mapping[str, torch.Tensor]) -> dict:
 
 
 def to_canonical(sd: Mapping[str, torch.Tensor]) -> dict:
+    sd = {k: v for k, v in sd.items() if not _UNUSED.match(k)}
     if any(_FLAT.match(k) for k in sd):
         sd = _from_flat(sd)
     return dcae_layout.fine_to_coarse(_flat_time(sd))
