@@ -366,7 +366,8 @@ def test_no_other_family_claims_hunyuan_video15_and_it_claims_no_other(ref):
 
 
 def test_latent_channel_hints_use_the_rank(ours):
-    """32 channels: HunyuanVideo 1.5 for a video latent, Flux.2 (unpacked) for an image latent."""
+    """32 channels: HunyuanVideo 1.5 (or HunyuanImage 3.0's one-frame LATENT) for a 5-D latent, Flux.2
+    (unpacked) for an image latent."""
     from helpers import diffusers_kl
     kl = vae.from_state_dict(diffusers_kl().state_dict())
     with pytest.raises(vae.InputError, match=r"32 channels \(as Flux.2 \(unpacked\) latents do\)"):
@@ -375,7 +376,7 @@ def test_latent_channel_hints_use_the_rank(ours):
         ours.decode(torch.randn(1, 64, 2, 2, 2))
     from video_families import tiny_state_dict
     magvit = vae.from_state_dict(tiny_state_dict("magvit"))
-    with pytest.raises(vae.InputError, match=r"32 channels \(as HunyuanVideo 1.5 latents do\)"):
+    with pytest.raises(vae.InputError, match=r"32 channels \(as HunyuanImage 3.0 or HunyuanVideo 1.5 latents do\)"):
         magvit.decode(torch.randn(1, 32, 2, 2, 2))
 
 
