@@ -3,7 +3,7 @@ parity with diffusers' AutoencoderKLHunyuanImage (2.1) on random weights, and wi
 when a copy is named (HUNYUAN_IMAGE21_REFERENCE: ``hyimage/models/vae/hunyuanimage_vae.py``;
 HUNYUAN_IMAGE3_REFERENCE: ``hunyuan_image_3/autoencoder_kl_3d.py``; both import diffusers and einops),
 every key layout, the config read from the weights, detection across families (HunyuanVideo 1.5 files,
-the 2.1 refiner's among them, stay HunyuanVideo 1.5), the LATENTs core gives (2.1 ``[B, 64, h, w]``, 3.0
+the 2.1 refiner VAE among them, stay HunyuanVideo 1.5), the LATENTs core gives (2.1 ``[B, 64, h, w]``, 3.0
 ``[B, 32, 1, h, w]``), exact tiles, the budget. Against ComfyUI core: bench/comfyui_checks/
 compare_core_hunyuan_image.py (run here when COMFYUI_DIR and COMFYUI_PYTHON name a ComfyUI)."""
 from __future__ import annotations
@@ -180,8 +180,8 @@ def test_every_layout_loads_the_same(v21, tmp_path):
 def test_detection_across_families(v21):
     """Every layout is HunyuanImage: no family ordered before it claims one (the KL family's loose test, after
     it, would: a 4-D conv_in with down/up levels); no other family's file is HunyuanImage (SD's and Flux.1's
-    KL files keep their width in the resamplers). HunyuanVideo 1.5 files, which the 2.1 refiner's are, stay
-    HunyuanVideo 1.5 (a name saying refiner is refused there)."""
+    KL files keep their width in the resamplers). HunyuanVideo 1.5 files stay HunyuanVideo 1.5, under the 2.1
+    refiner VAE's name too (it is HunyuanVideo 1.5's model: tests/vae/test_hunyuan_video15.py)."""
     ref, ours = v21
     mine = {"diffusers-2.1": ref.state_dict(), "original-2.1": layout.to_original(ours.state_dict()),
             "original-3.0": hunyuan_image3_file()}
@@ -194,8 +194,7 @@ def test_detection_across_families(v21):
             assert not hi.SPEC.detect(sd), name
     hv15 = reference_state_dicts()["hunyuan_video15"]
     assert vae.from_state_dict(hv15).spec.id == "hunyuan_video15"
-    with pytest.raises(LoadError, match="HunyuanImage 2.1 refiner"):
-        vae.from_state_dict(hv15, name_hint="hunyuan_image_2.1_refiner_vae.safetensors")
+    assert vae.from_state_dict(hv15, name_hint="hunyuan_image_refiner_vae_fp16.safetensors").spec.id == "hunyuan_video15"
 
 
 def test_a_2d_file_with_temporal_resamplers_is_refused(v21):

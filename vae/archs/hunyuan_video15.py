@@ -22,7 +22,7 @@ numbers differ from the original's; these follow the original.
 Latents are raw: the 1.03682 scaling is the sampler's latent format (ComfyUI's), not the VAE's.
 Every width, the resampling levels and which of them are temporal are read from the weights (a
 resampler's conv has out / 4 channels, or out / 8 on a temporal level). Key layouts (Tencent's =
-ComfyUI's, diffusers'; the HunyuanImage 2.1 refiner's identical tensors): hunyuan_video15_layout.py.
+ComfyUI's, diffusers'; the HunyuanImage 2.1 refiner VAE, the same model): hunyuan_video15_layout.py.
 """
 from __future__ import annotations
 
@@ -129,7 +129,6 @@ def describe(cfg: HunyuanVideo15Config) -> str:
 
 
 def config_from_state_dict(sd, name_hint: Optional[str] = None) -> HunyuanVideo15Config:
-    layout.refuse_refiner(name_hint)
     return layout.config(sd, HunyuanVideo15Config, Resample)
 
 

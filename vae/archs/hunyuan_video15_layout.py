@@ -16,17 +16,18 @@ Layouts users have:
 Canonical: the LDM names of vae/archs/ldm.py without the ``.conv.`` wrappers, the decoder's ``up.<i>``
 indexed fine to coarse (``up.<n-1>`` runs first), as HunyuanVideo 1.0's.
 
-The HunyuanImage 2.1 refiner VAE has the same keys and the same shapes: diffusers'
-``AutoencoderKLHunyuanImageRefiner`` defaults are this config (32 latent channels, widths 128..1024) and its
-converter maps the same names. Its "64-channel" latent is two 32-channel latent frames packed into channels
-by the pipeline, not a tensor in the file. So no shape tells the two apart; what is relied on: a file whose
-name says "refiner" is refused (the refiner is a different model over these tensors: attention without the
-causal mask, time never resampled, in diffusers), any other file is HunyuanVideo 1.5, as ComfyUI loads it.
+The HunyuanImage 2.1 refiner VAE (``hunyuan_image_refiner_vae_fp16.safetensors``) has the same keys and
+shapes, and is the same model: Tencent's ``hyimage/models/vae/refiner_vae.py`` is this network (causal convs,
+first-frame rule, attention masked causally over frames), and ComfyUI builds both with one class. Its
+"64-channel" latent is two 32-channel latent frames packed into channels by the sampler's latent format, not
+a tensor in the file. diffusers' ``AutoencoderKLHunyuanImageRefiner`` (the same keys) agrees on one latent
+frame, the refiner's use; on more it never resamples time (every frame takes the first-frame rule) and drops
+the attention mask.
 """
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping
 
 import torch
 
@@ -77,17 +78,6 @@ def _resample(sd, key: str, out: int, down: bool, make: Callable, family: str):
                         "resampler (out/4 or out/8 channels down, out*4 or out*8 up).",
                         fix="the file may be damaged or another model; please report it with the key list.")
     return make(out=out, temporal=factor == 8)
-
-
-def refuse_refiner(name_hint: Optional[str]) -> None:
-    """A file named as the HunyuanImage 2.1 refiner VAE: same tensors, another model (see the module doc)."""
-    if name_hint and "refiner" in name_hint.lower():
-        raise LoadError(
-            f"'{name_hint}' is named as a HunyuanImage 2.1 refiner VAE. Its tensors are those of the HunyuanVideo "
-            "1.5 VAE, but the refiner is another model over them (attention without the causal mask, time never "
-            "resampled, latents packed two frames into 64 channels), which VAEKit does not implement.",
-            fix="load the refiner with core's Load VAE; if this file is a HunyuanVideo 1.5 VAE, rename it "
-                "without 'refiner'.")
 
 
 def config(sd: Mapping[str, torch.Tensor], make: Callable, resample: Callable, family: str = "HunyuanVideo 1.5"):
