@@ -178,7 +178,7 @@ def detect_video_ldm(sd, to_canonical, parts: re.Pattern, resnet_norm: re.Patter
 
 def detect(sd) -> bool:
     """5-D convs in the LDM parts only, GroupNorm resnets (``norm1.weight``; HunyuanVideo 1.5 has RMS
-    ``gamma``), width-keeping 3^3 resamplers (the HunyuanImage refiner's change width, CogVideoX's are 2-D,
+    ``gamma``), width-keeping 3^3 resamplers (HunyuanImage 3.0's DC-AE ones change width, CogVideoX's are 2-D,
     SeedVR2's spatial-only one is 1x3x3)."""
     return detect_video_ldm(sd, to_canonical, _PARTS, _RESNET_NORM,
                             lambda v: v.dim() == 5 and v.shape[0] == v.shape[1] and v.shape[2] == 3)
