@@ -66,7 +66,7 @@ _MODE = (["exact", "fast"], {"default": "exact",
                                "tile after tile, each "
                                "through all its "
                                "frames, so memory is one tile's however large the image or clip; VAEs with "
-                               "GroupNorm (SD/Flux KL, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2, CogVideoX) keep paused "
+                               "GroupNorm (SD/Flux KL, HunyuanImage, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2, CogVideoX) keep paused "
                                "tiles on the CPU while a GPU runs the others. fast: independent tiles blended in "
                                "their overlap: "
                                "faint seams (and flicker in video) where tiles meet, for somewhat less time and "
@@ -101,7 +101,9 @@ class VAEKitTiledDecode:
                                               "LATENT core's nodes make (packed 2x2, normalised by the VAE's BatchNorm "
                                               "statistics); a 32-channel one is read as that latent unpacked (taef2's "
                                               "space, as core's TAESD path makes it), not as diffusers' raw z. Qwen-Image "
-                                              "2.1: the 64-channel image LATENT [N, 64, h, w]; it decodes to RGBA."}),
+                                              "2.1: the 64-channel image LATENT [N, 64, h, w]; it decodes to RGBA. HunyuanImage "
+                                              "2.1: [N, 64, h, w] (32x); 3.0: [N, 32, 1, h, w] as core's VAE Encode "
+                                              "gives it (or [N, 32, h, w])."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             # optional, after the older widgets: saved workflows keep their widget positions
@@ -125,7 +127,8 @@ class VAEKitTiledEncode:
     CATEGORY = CATEGORY
     RETURN_TYPES = ("LATENT",)
     OUTPUT_TOOLTIPS = ("The latent, in the layout the VAE's diffusion model expects (Flux.2: 128 channels, packed "
-                       "2x2 and normalised by the VAE's BatchNorm statistics, as core's VAE Encode gives it).",)
+                       "2x2 and normalised by the VAE's BatchNorm statistics; HunyuanImage 3.0: [N, 32, 1, h, w]; as "
+                       "core's VAE Encode gives them).",)
     FUNCTION = "encode"
     LIBRARY_INPUTS = _TILING_INPUTS
     DESCRIPTION = "Encodes images tile by tile into one preallocated latent; memory is bounded by the tile."
@@ -135,7 +138,8 @@ class VAEKitTiledEncode:
         return {"required": {
             "pixels": ("IMAGE", {"tooltip": "Images [N, H, W, 3] in 0..1; sides must be multiples of the VAE's "
                                             "compression (8 for SD/Flux.1 and Wan 2.1 VAEs, 16 for Flux.2's packed "
-                                            "latents, Wan 2.2, Qwen-Image 2.1 and Mage-VAE). A video VAE takes the batch as one clip, as "
+                                            "latents, Wan 2.2, Qwen-Image 2.1, Mage-VAE and HunyuanImage 3.0, 32 for "
+                                            "HunyuanImage 2.1). A video VAE takes the batch as one clip, as "
                                             "core's VAE Encode does: N images give 1 + (N-1)//4 latent frames for "
                                             "Wan (frames past the last whole group are dropped); one image is a "
                                             "one-frame clip (Qwen-Image). An RGBA VAE (Qwen-Image 2.1) gets RGB with opaque "

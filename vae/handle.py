@@ -46,6 +46,8 @@ class VAE:
                  device: DeviceLike = None, source: str = ""):
         self.spec, self.config, self.model, self.source = spec, config, model, source
         self.caps: Capabilities = spec.capabilities(config)
+        # 3-D convs (video models, and image models that run an image as a clip): channels_last is 4-D only
+        self._volumetric = bool(self.caps.temporal_ratio) or any(p.dim() == 5 for p in model.parameters())
         self.last_upcast: Optional[guard.Upcast] = None     # the NaN guard's record of the last call
         self.path: Optional[str] = None      # the file it was loaded from (worker processes load it too)
         self.to(device or "cpu", dtype or torch.float32)
@@ -76,8 +78,7 @@ class VAE:
 
     @property
     def _memory_format(self) -> torch.memory_format:
-        # video models run 3-D convs; channels_last applies to 4-D tensors only
-        return torch.contiguous_format if self.caps.temporal_ratio else torch.channels_last
+        return torch.contiguous_format if self._volumetric else torch.channels_last
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights in the canonical layout, contiguous (they run channels_last; safetensors and
@@ -364,6 +365,8 @@ class VAE:
         caps, r = self.caps, self.caps.spatial_ratio
         shape = tuple(shape)
         if op == "decode":
+            if not self.is_video and len(shape) == 5 and shape[2] == 1:     # an image LATENT's frame axis
+                shape = shape[:2] + shape[3:]
             if caps.latent_pack > 1 and shape[1] == caps.latent_channels_packed:      # LATENTs packed 2x2
                 p = caps.latent_pack
                 shape = (shape[0], caps.latent_channels, *shape[2:-2], shape[-2] * p, shape[-1] * p)
@@ -422,7 +425,8 @@ class VAE:
             if hasattr(self.model, "finish_encode"):     # whole-latent steps after tiling (Flux.2's BatchNorm)
                 z = self.model.finish_encode(z)
             guard.require_finite(self, z, "encode", x, {}, "pixels")
-            return latents.pack(z, self.caps.latent_pack)
+            z = latents.pack(z, self.caps.latent_pack)
+            return z.unsqueeze(2) if self.caps.latent_frame_axis else z
 
 
 @dataclass(frozen=True)

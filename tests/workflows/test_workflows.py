@@ -36,6 +36,8 @@ QWEN21 = "qwen_image_2.1_vae_bf16.safetensors"   # the templates' file: ComfyUI'
 
 MAGE = "mage_flow_vae_bf16.safetensors"   # a random-weight Mage-VAE at the published ratio (16), narrow, bf16
 STAGE_A = "stage_a.safetensors"     # Stable Cascade's file name: ComfyUI's layout, the published ratio (4), narrow, random
+# the names Comfy-Org's HunyuanImage files go by (2.1: its templates' file); ComfyUI's layout, fp16; narrow, random
+HUNYUAN_IMAGE = {"hunyuan_image_2.1_vae_fp16.safetensors": "2.1", "hunyuan_image_3_vae_fp16.safetensors": "3.0"}
 
 
 @pytest.fixture
@@ -66,6 +68,8 @@ def video_dirs(comfy_dirs):
 
     save_file(_mage_weights(), str(comfy_dirs / "models" / "vae" / MAGE))
     save_file(_stage_a_weights(), str(comfy_dirs / "models" / "vae" / STAGE_A))
+    for name, version in HUNYUAN_IMAGE.items():
+        save_file(_hunyuan_image_weights(version), str(comfy_dirs / "models" / "vae" / name))
     return comfy_dirs
 
 
@@ -88,6 +92,17 @@ def _mage_weights() -> dict:
     import mage_tiny
     sd = mage_tiny.file_layout(mage_tiny.canonical(patch=16), anchor=True)      # ComfyUI's file layout
     return {k: v.to(torch.bfloat16) for k, v in sd.items()}
+
+
+@functools.lru_cache(maxsize=2)
+def _hunyuan_image_weights(version: str) -> dict:
+    from helpers import diffusers_hunyuan_image21, hunyuan_image3_file
+    from vaekit.vae.archs import hunyuan_image_layout
+    if version == "2.1":
+        sd = hunyuan_image_layout.to_original(hunyuan_image_layout.to_canonical(diffusers_hunyuan_image21().state_dict()))
+    else:
+        sd = hunyuan_image3_file()
+    return {k: v.to(torch.float16).contiguous() for k, v in sd.items()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -254,9 +269,9 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
         assert (frames[i] - frame).abs().max() <= 1 / 255 + 1e-6      # 8-bit frames
 
 
-def _run_image_graph(api_name: str, vae_file: str, dirs):
-    """Run an image round-trip graph headless; (its outputs, the VAE, the library's untiled latent and
-    round trip of the same image)."""
+def _image_roundtrip(api_name: str, vae_file: str, dirs, nodes=("5",)):
+    """Run an image round-trip graph headless; (the PNG Save Image node 5 saved, or the list of those of
+    ``nodes``, the VAE, the library's untiled latent and round trip of the same image)."""
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
     from vaekit.vae.files.imageio import read_image
@@ -272,14 +287,8 @@ def _run_image_graph(api_name: str, vae_file: str, dirs):
         want = v.decode(z)[0].movedim(0, -1)
     finally:
         torch.set_num_threads(threads)
-    return ui, v, z, want
-
-
-def _image_roundtrip(api_name: str, vae_file: str, dirs):
-    """(the PNG of node 5, the VAE, the library's untiled latent and round trip): see _run_image_graph."""
-    from vaekit.vae.files.imageio import read_image
-    ui, v, z, want = _run_image_graph(api_name, vae_file, dirs)
-    return read_image(ui["5"]["images"][0]), v, z, want
+    pngs = [read_image(ui[n]["images"][0]) for n in nodes]
+    return (pngs[0] if len(nodes) == 1 else pngs), v, z, want
 
 
 def test_flux2_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
@@ -346,13 +355,33 @@ def test_mage_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
     assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
 
 
+@pytest.mark.parametrize("version", ["2.1", "3.0"])
+def test_hunyuan_image_roundtrip_runs_headless(pack, video_dirs, version):
+    """Load Image -> Tiled Encode -> Tiled Decode (both exact, 256 px) -> Save Image, and core's VAE Decode of
+    the same LATENT -> Save Image: both PNGs are the library's untiled round trip, to PNG rounding. 2.1:
+    32x, LATENT [1, 64, h, w], 2x2 tiles of the 512 px sample. 3.0 (an image as four frames: heavier) on a
+    128x96 crop of it, LATENT [1, 32, 1, h, w] as core's VAE Encode gives it."""
+    from PIL import Image
+    name = next(n for n, v in HUNYUAN_IMAGE.items() if v == version)
+    if version == "3.0":
+        path = video_dirs / "input" / "vaekit_sample.png"
+        with Image.open(path) as im:
+            im.crop((0, 0, 128, 96)).save(path)
+    api = "image_hunyuan_image21_roundtrip_api.json" if version == "2.1" else "image_hunyuan_image3_roundtrip_api.json"
+    (ours, core), v, z, want = _image_roundtrip(api, name, video_dirs, nodes=("5", "7"))
+    h, w = want.shape[0], want.shape[1]
+    assert v.spec.id == "hunyuan_image" and z.shape == ((1, 64, h // 32, w // 32) if version == "2.1" else
+                                                         (1, 32, 1, h // 16, w // 16))
+    for png in (ours, core):      # ours (exact tiles) and core's VAE Decode
+        assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
+
+
 def test_stage_a_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
     """Stable Cascade's stage A: Load Image -> Tiled Encode -> Tiled Decode (both exact, 128 px tiles) ->
     Save Image, and core's VAE Decode of the same LATENT ([1, 4, H/4, W/4], as core's Stable Cascade
     graphs hand stage A) -> Save Image: both the library's untiled round trip, to PNG rounding."""
-    from vaekit.vae.files.imageio import read_image
-    ui, v, z, want = _run_image_graph("image_stage_a_roundtrip_api.json", STAGE_A, video_dirs)
+    (ours, core), v, z, want = _image_roundtrip("image_stage_a_roundtrip_api.json", STAGE_A, video_dirs,
+                                                nodes=("5", "7"))
     assert v.spec.id == "stage_a" and z.shape == (1, 4, want.shape[0] // 4, want.shape[1] // 4)
-    for node in ("5", "7"):                     # ours (exact tiles) and core's VAE Decode
-        (png,) = ui[node]["images"]
-        assert (read_image(png) - want).abs().max() <= 1 / 255 + 1e-6, node     # 8-bit PNG rounding
+    for png in (ours, core):      # ours (exact tiles) and core's VAE Decode
+        assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
