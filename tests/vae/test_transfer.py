@@ -102,3 +102,66 @@ def test_every_engine_waits_for_its_copies(monkeypatch, loaded, family):
         if family == "kl":             # paused tiles parked on new storages, which land late too
             parked = exact.run_exact(v.decode_fn(), v.model, z, cores, 1, 2, CPU, park_tiles="copy")
             assert (parked - rounds).abs().max() <= 1e-5         # new storages: other alignment, other rounding
+
+
+class _FakeStream:
+    def __init__(self, device=None):
+        self.waits = 0
+
+    def wait_stream(self, other) -> None:
+        self.waits += 1
+
+
+class _FakeEvent:
+    made: list = []
+
+    def __init__(self):
+        self.recorded, self.queries, self.synced = None, 0, False
+        _FakeEvent.made.append(self)
+
+    def record(self, stream) -> None:
+        self.recorded = stream
+
+    def query(self) -> bool:            # in flight on the first look, done on the second
+        self.queries += 1
+        return self.queries > 1
+
+    def synchronize(self) -> None:
+        self.synced = True
+
+
+def test_the_cuda_path_runs_on_fake_streams(monkeypatch, loaded):
+    """The CUDA branch of every copy (staging, own stream, events, parked storages, pinned gathers) run
+    on the CPU with stand-in streams and events: the same results, every copy recorded on the side
+    stream after waiting for the compute stream, and no device-wide synchronize."""
+    import contextlib
+
+    from helpers import diffusers_kl
+    import vae
+    kl = vae.from_state_dict(diffusers_kl().state_dict())
+    z_kl, z_wan = torch.randn(1, 4, 12, 10), torch.randn(1, 16, 3, 8, 8)
+    cores = [[(0, 6), (6, 12)], [(0, 5), (5, 10)]]
+    wan = loaded["wan"]
+    with torch.inference_mode():
+        want = [wan.decode(z_wan, tile=32, mode="exact"), wan.decode(z_wan, tile=32, overlap=8),
+                kl.decode(z_kl, tile=12, overlap=4),
+                exact.run_exact(kl.decode_fn(), kl.model, z_kl, cores, 1, 2, CPU)]
+    compute, side = _FakeStream(), []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: compute)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: side.append(_FakeStream()) or side[-1])
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("a device-wide synchronize"))
+    monkeypatch.setattr(transfer, "pins", lambda device, host: True)
+    monkeypatch.setattr(transfer, "_pinned", lambda like, memory_format=None: torch.empty(
+        like.shape, dtype=like.dtype, memory_format=memory_format or transfer._format(like)))
+    _FakeEvent.made = []
+    with torch.inference_mode():
+        got = [wan.decode(z_wan, tile=32, mode="exact"), wan.decode(z_wan, tile=32, overlap=8),
+               kl.decode(z_kl, tile=12, overlap=4),
+               exact.run_exact(kl.decode_fn(), kl.model, z_kl, cores, 1, 2, CPU, park_tiles="copy")]
+    for g, w in zip(got, want):
+        assert (g - w).abs().max() <= 1e-5
+    assert len(_FakeEvent.made) > 20 and all(e.recorded is not None for e in _FakeEvent.made)
+    assert all(e.synced or e.queries > 1 for e in _FakeEvent.made)      # each landed: waited for, or seen done
+    assert side and sum(s.waits for s in side) == len(_FakeEvent.made)  # every copy after the compute stream

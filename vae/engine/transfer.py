@@ -47,6 +47,7 @@ EMPTY_CACHE_BETWEEN_STAGES = True    # see between_stages
 MAX_PENDING = 2 << 30       # bytes of copies in flight before the host waits for the oldest
 
 Land = Callable[[torch.Tensor], None]
+_HOST = torch.device("cpu")
 
 
 def pins(device: torch.device, host: torch.device) -> bool:
@@ -101,7 +102,7 @@ class Transfers:
         return src.to(host, copy=True)
 
     def _stage(self, src: torch.Tensor, land: Land) -> torch.Tensor:
-        if src.device.type == "cuda":
+        if pins(src.device, _HOST):
             compute = torch.cuda.current_stream(src.device)
             stream = self._streams.get(src.device)
             if stream is None:
