@@ -68,13 +68,18 @@ def test_a_failing_row_is_reported_and_the_next_runs(tmp_path, capsys):
     assert any(r[0] == "k" and r[2] == "info" for r in rows)
 
 
-def test_the_time_guard_skips_and_stops(tmp_path, monkeypatch):
+def _overrunning_row(monkeypatch) -> None:
+    """Row z: one line, then 30 s of work (estimated at 1 s)."""
     def slow(env):
         yield gpu_check.Line("first", "info", "measured before the limit")
         time.sleep(30)
         yield gpu_check.Line("never", "info", "")
     monkeypatch.setitem(gpu_check.ROWS, "z", ("a row that overruns", slow))
     monkeypatch.setitem(gpu_check.ESTIMATE_S, "z", (1, 1))
+
+
+def test_the_time_guard_skips_and_stops(tmp_path, monkeypatch):
+    _overrunning_row(monkeypatch)
     out = tmp_path / "t.md"
     t0 = time.perf_counter()
     gpu_check.main(["--device", "cpu", "--small", "--rows", "zc", "--limit", "4", "--out", str(out), "--workers", "1"])
@@ -86,12 +91,7 @@ def test_the_time_guard_skips_and_stops(tmp_path, monkeypatch):
 
 
 def test_a_row_past_its_own_limit_is_stopped_and_the_next_runs(tmp_path, monkeypatch):
-    def slow(env):
-        yield gpu_check.Line("first", "info", "measured before the limit")
-        time.sleep(30)
-        yield gpu_check.Line("never", "info", "")
-    monkeypatch.setitem(gpu_check.ROWS, "z", ("a row that overruns", slow))
-    monkeypatch.setitem(gpu_check.ESTIMATE_S, "z", (1, 1))
+    _overrunning_row(monkeypatch)
     monkeypatch.setattr(gpu_check, "row_limit", lambda env, key: 2 if key == "z" else 60)
     out = tmp_path / "t.md"
     t0 = time.perf_counter()
