@@ -16,8 +16,8 @@ from typing import Optional
 import torch
 
 from vae import registry
-from vae.archs import (consistency, flux2, hunyuan_video, hunyuan_video15, kl, ltx_config, ltx_diffusion, mage,
-                       magvit, minimax, mochi, seedvr2, tiny, wan)
+from vae.archs import (cogvideox, consistency, flux2, hunyuan_image, hunyuan_video, hunyuan_video15, kl, ltx_config,
+                       ltx_diffusion, mage, magvit, minimax, mochi, seedvr2, taehv, tiny, wan)
 from vae.handle import VAE
 
 _B = ltx_config.Block
@@ -33,6 +33,8 @@ def _ltx_encoder_23() -> tuple:
             _B("s2d", 16, 32), _res(32), _B("s2d", 32, 32), _res(32))
 
 
+_TAEHV_SOURCE = "the default for these shapes (the file name names none)"     # as the loader reads the tests' files
+_HI = hunyuan_image.Resample
 _LTX2_SOURCES = (("residual up-samplers", "none", "published 2.3"), ("causal decoder", "False", "published 2.3"),
                  ("decoder padding", "zeros", "published 2.3"), ("encoder padding", "zeros", "published 2.3"))
 
@@ -110,6 +112,21 @@ TEST = {
                                                  enc_down=(True, True, True, True, False, False), dec_dim=128,
                                                  dec_depth=2, dec_ff=512, registers=4, patch=16, quantized=(),
                                                  tile=256, min_overlap=64)),
+    "cogvideox": ("cogvideox", cogvideox.CogVideoXConfig(widths=(32, 32, 32, 32), layers_per_block=1,
+                                                         latent_channels=16)),
+    "taehv": ("taehv", taehv.TAEHVConfig(latent_channels=16, patch=1, encoder_width=8, encoder_time=(2, 2, 1),
+                                         decoder="base", decoder_widths=(16, 8, 8, 8), decoder_space=(2, 2, 2),
+                                         decoder_time=(1, 2, 2), act="relu", scale=1.0, shift=0.0,
+                                         value_range=(0.0, 1.0), space="lighttaew2_1",
+                                         space_source=_TAEHV_SOURCE)),
+    "taeh3": ("taehv", taehv.TAEHVConfig(latent_channels=24, patch=2, encoder_width=8, encoder_time=(2, 2, 1),
+                                         decoder="base", decoder_widths=(16, 8, 8, 8), decoder_space=(2, 2, 2),
+                                         decoder_time=(1, 2, 2), act="relu", scale=1.0, shift=0.0,
+                                         value_range=(0.0, 1.0), space="taeh3", space_source=_TAEHV_SOURCE)),
+    "hunyuan_image": ("hunyuan_image", hunyuan_image.HunyuanImageConfig(
+        widths=(32, 32, 64, 64, 128, 128), layers_per_block=1, latent_channels=64, dims=2,
+        down=(_HI(32, False), _HI(64, False), _HI(64, False), _HI(128, False), _HI(128, False), None),
+        up=(None, _HI(32, False), _HI(32, False), _HI(64, False), _HI(64, False), _HI(128, False)))),
 }
 
 PUBLISHED = {

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, diffusers_kl, diffusers_qwen21, diffusers_tiny
+from helpers import ROOT, diffusers_hunyuan_image21, diffusers_kl, diffusers_qwen21, diffusers_tiny
 
 sys.path.insert(0, str(ROOT / "bench"))
 from harness import configs  # noqa: E402
@@ -26,6 +26,7 @@ def _references() -> dict:
     out["flux2"] = diffusers_flux2.model().state_dict()
     out["tiny"] = diffusers_tiny().state_dict()
     out["qwen21"] = diffusers_qwen21().state_dict()
+    out["hunyuan_image"] = diffusers_hunyuan_image21().state_dict()
     out["mage"] = mage.MageVAE(mage_tiny.config()).state_dict()
     spec = importlib.util.spec_from_file_location("_consistency", ROOT / "tests" / "vae" / "test_consistency.py")
     mod = importlib.util.module_from_spec(spec)
