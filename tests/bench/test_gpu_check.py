@@ -51,8 +51,8 @@ def test_small_run_of_rows_a_to_g(tmp_path):
 
 @pytest.mark.slow
 def test_the_whole_small_run(tmp_path):
-    """Every row at --small (several minutes on 2 cores: see docs/gpu.md)."""
-    _, rows = _run(tmp_path, timeout=1800)
+    """Every row at --small, n (two CPU ranks) included (a few minutes on 2 cores: see docs/gpu.md)."""
+    _, rows = _run(tmp_path, "--rows", gpu_check.ORDER, timeout=1800)
     assert {r[0] for r in rows} == set(gpu_check.ORDER)
     bad = [r for r in rows if r[2] in ("FAIL", "error")]
     assert not bad, bad
