@@ -7,8 +7,8 @@ audio and 3-D branches too, so that "the first branch a file takes" is core's). 
 and checks (1) that core's first branch for it is the branch the case stands for, so the file is a
 fair representative, and (2) that ``vae.load`` reads it as the expected family and builds it. With
 COMFYUI_DIR + COMFYUI_PYTHON, bench/comfyui_checks/core_vae_branches.py runs core's own ``VAE.__init__`` on
-the same files and names the class core builds, which checks ``CORE`` itself. Families that land later
-(their model is not in ``vae/archs`` yet) are skipped with the reason."""
+the same files and names the class core builds, which checks ``CORE`` itself. Cases whose family
+is not in ``vae/archs`` yet are skipped with the reason."""
 from __future__ import annotations
 
 import json
@@ -128,7 +128,7 @@ def _canonical(sd: Sd) -> dict:
 def _row(name: str) -> Callable[[], dict]:
     def make():
         if name not in video_families.ROWS:
-            pytest.skip(f"{name}: no row in tests/video_families.py (the family lands with its branch)")
+            pytest.skip(f"{name}: no row in tests/video_families.py (its family is not in this tree yet)")
         return video_families.tiny_state_dict(name)
     return make
 
@@ -152,7 +152,7 @@ def _helper(name: str, *args, **kw) -> Callable[[], dict]:
     def make():
         fn = getattr(helpers, name, None)
         if fn is None:
-            pytest.skip(f"tests/helpers.py has no {name} (the family lands with its branch)")
+            pytest.skip(f"tests/helpers.py has no {name} (its family is not in this tree yet)")
         out = fn(*args, **kw)
         return out if isinstance(out, dict) else out.state_dict()
     return make
@@ -248,7 +248,7 @@ NOT_OURS = {560: "Stable Cascade's EfficientNet encoder (encoder only: it makes 
 
 def _needs_family(spec_id: str) -> None:
     if spec_id not in {s.id for s in registry.REGISTRY}:
-        pytest.skip(f"{spec_id}: not in vae/archs yet (the family lands with its branch)")
+        pytest.skip(f"{spec_id}: not in vae/archs yet")
 
 
 def test_every_image_and_video_branch_has_a_case_or_a_reason():
