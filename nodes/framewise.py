@@ -64,7 +64,9 @@ class VAEKitFramewiseDecode:
         opts = dict(tile=tile_size or None, overlap=tile_overlap, out_device=_comfy.intermediate_device(),
                     timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed,
                     **_budget(engine, max_memory, need))
-        if r is None:                                  # image VAE: the batch is the frame axis
+        if r is None or (z.dim() == 4 and not engine.takes_clips):
+            # image VAE: the batch is the frame axis; SVD's [T, 4, h, w]: each chunk its own clip, as the
+            # original decodes ``decoding_t`` frames at a time
             return (_decode_batches(engine, z, frames_per_chunk, opts),)
         if z.dim() != 5:
             raise InputError(f"expected a video latent [B, C, frames, h, w], got shape {tuple(z.shape)}.",

@@ -148,7 +148,7 @@ class VAEKitTiledEncode:
             raise InputError(f"expected an IMAGE [N, H, W, C], got {type(pixels).__name__}"
                              f"{tuple(pixels.shape) if torch.is_tensor(pixels) else ''}.", input="pixels")
         x = image_to_bchw(pixels)
-        if getattr(engine, "is_video", False):      # the IMAGE batch is one clip, as core's VAE Encode
+        if getattr(engine, "takes_clips", False):      # the IMAGE batch is one clip, as core's VAE Encode
             x = images_to_clips(x, _temporal_ratio(engine), engine=engine)
         frames = _temporal_tile(engine, temporal_size)
         need = _prepare(engine, "encode", x.shape, tile=tile_size, overlap=overlap, tile_frames=frames, mode=mode)

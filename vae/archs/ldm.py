@@ -28,12 +28,16 @@ class Ops:
     shortcut: ConvFactory                            # 1x1 conv of resnets that change width
     norm: NormFactory
     attention: Callable[[int], Optional[nn.Module]]  # mid-block attention; None: none
+    # a family's own resnet (cin, cout) -> block, used everywhere a ResnetBlock would be (SVD's decoder)
+    block: Optional[Callable[[int, int], nn.Module]] = None
 
-    def resnet(self, cin: int, cout: int) -> ResnetBlock:
+    def resnet(self, cin: int, cout: int) -> nn.Module:
+        if self.block is not None:
+            return self.block(cin, cout)
         return ResnetBlock(cin, cout, conv=self.conv, shortcut=self.shortcut, norm=self.norm)
 
     def mid(self, channels: int) -> MidBlock:
-        return MidBlock(channels, self.attention(channels), conv=self.conv, norm=self.norm)
+        return MidBlock(channels, self.attention(channels), conv=self.conv, norm=self.norm, resnet=self.block)
 
 
 class Level(nn.Module):
@@ -90,8 +94,11 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
+    """``conv_out``: the last conv's factory when it is not ``ops.conv`` (SVD's mixes frames too)."""
+
     def __init__(self, widths: Sequence[int], num_res_blocks: int, in_channels: int, out_channels: int,
-                 ops: Ops, upsample: ResampleFactory, level: LevelFactory = Level, mid_width: Optional[int] = None):
+                 ops: Ops, upsample: ResampleFactory, level: LevelFactory = Level, mid_width: Optional[int] = None,
+                 conv_out: Optional[ConvFactory] = None):
         super().__init__()
         cin = mid_width or widths[-1]
         self.conv_in = ops.conv(in_channels, cin)
@@ -107,7 +114,7 @@ class Decoder(nn.Module):
             cin = getattr(up, "out_channels", cin)
         self.up = nn.ModuleList(levels)
         self.norm_out = ops.norm(cin)
-        self.conv_out = ops.conv(cin, out_channels)
+        self.conv_out = (conv_out or ops.conv)(cin, out_channels)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         h = self.mid(self.conv_in(z))

@@ -52,14 +52,17 @@ class ResnetBlock(Seam, nn.Module):
 
 
 class MidBlock(nn.Module):
-    """resnet -> (attention) -> resnet at the lowest resolution (keys ``block_1 attn_1 block_2``)."""
+    """resnet -> (attention) -> resnet at the lowest resolution (keys ``block_1 attn_1 block_2``).
+    ``resnet``: a family's own block (cin, cout) -> module (SVD's temporal resnets); default ResnetBlock."""
 
     def __init__(self, channels: int, attention: nn.Module | None, groups: int = 32, eps: float = 1e-6,
-                 conv: ConvFactory = conv2d_3x3, norm: NormFactory | None = None):
+                 conv: ConvFactory = conv2d_3x3, norm: NormFactory | None = None,
+                 resnet: Callable[[int, int], nn.Module] | None = None):
         super().__init__()
-        self.block_1 = ResnetBlock(channels, channels, groups, eps, conv, norm=norm)
+        make = resnet or (lambda cin, cout: ResnetBlock(cin, cout, groups, eps, conv, norm=norm))
+        self.block_1 = make(channels, channels)
         self.attn_1 = attention
-        self.block_2 = ResnetBlock(channels, channels, groups, eps, conv, norm=norm)
+        self.block_2 = make(channels, channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.block_1(x)
