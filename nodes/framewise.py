@@ -19,7 +19,9 @@ EXACTNESS = ("Exact (equal to a one-pass decode): Wan 2.1/2.2 (also Qwen-Image's
              "(GroupNorm and attention over the whole clip), LTX-Video and LTX-2 (their decoders are not causal: "
              "an LTX-2 frame depends on 22 latent frames either way, LTX-2.3's on 14), LTX-2.5's diffusion decoder "
              "(its attention windows reach about 18 latent frames either way); raise 'overlap' to shrink "
-             "their seams.")
+             "their seams. Stable Video Diffusion: each chunk of frames is decoded as a clip of its own, as the "
+             "original decodes 'decoding_t' frames at a time (its script: 14); one clip in bounded memory is "
+             "Tiled Decode's exact mode.")
 
 
 class VAEKitFramewiseDecode:
