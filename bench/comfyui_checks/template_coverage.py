@@ -43,7 +43,7 @@ FAMILIES: dict[str, tuple[str, str, str | None]] = {
     "qwen_image_rgba": ("Qwen-Image-Layered VAE (Wan 2.1 architecture, RGBA)", "image", "wan"),
     "qwen_image_like": ("Qwen-Image VAE as Marigold v2 and Ming-Image ship it (inferred, see PATTERNS)", "image", "wan"),
     "mage": ("Mage-VAE (Mage-Flow)", "image", "mage"),
-    "svd": ("SVD temporal decoder (checkpoint)", "image", None),
+    "svd": ("SVD temporal decoder (checkpoint)", "image", "svd"),
     "wan21": ("Wan 2.1 VAE (incl. Wan-Alpha's RGB/alpha decoders)", "video", "wan"),
     "wan22": ("Wan 2.2 VAE (48 ch)", "video", "wan"),
     "hunyuan_video": ("HunyuanVideo 1.0 VAE", "video", "hunyuan_video"),
