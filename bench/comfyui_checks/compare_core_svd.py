@@ -31,8 +31,8 @@ Rows (max / mean abs difference; pixels 0..1 for decode, raw latents for encode)
   memory_used_decode`` frames a clip; 7 is what its formula gives at 576x1024 in bf16 with 18 GiB free)
   against core with all 25 in one clip; a 5-D latent [1, 4, 4, h, w]: core keeps its first frame,
   ours decodes the clip.
-- tiles (4 frames of 192x192): ours exact 64 px tiles and fast 64/32 px tiles, and core's VAE Decode
-  (Tiled) 64/32 px (its three-pass average), each against core's untiled decode.
+- tiles (4 frames of 192x192): ours exact 128 px tiles and fast 128/32 px tiles, and core's VAE Decode
+  (Tiled) 128/32 px (its three-pass average), each against core's untiled decode.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ CLIPS = {"decode_T25": ("decode", (25, 4, 8, 8))}
 TILES = {"tiles_decode": ("decode", (4, 4, 24, 24))}
 DECODING_T = 14          # the original's sampling script (scripts/sampling/simple_video_sample.py)
 CORE_FRAMES = 7          # frames core's free-memory estimate lets through in the emulated row
-TILE, OVERLAP = 64, 32   # pixels
+TILE, OVERLAP = 128, 32  # pixels (core's tiled node halves a side: 64 px tiles would leave none)
 
 
 def published_model(seed: int = SEED):
