@@ -25,6 +25,7 @@ posterior mean. Key layouts (the original's = core's, diffusers'): svd_layout.py
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -77,8 +78,11 @@ class TimeStack(nn.Module):
 class VideoResnetBlock(ResnetBlock):
     """The KL resnet on every frame, then its temporal half, merged by ``sigmoid(mix_factor)``."""
 
-    def __init__(self, cin: int, cout: int, kernel: int):
-        super().__init__(cin, cout, GROUPS, EPS)
+    def __init__(self, cin: int, cout: int, groups: int = GROUPS, eps: float = EPS, conv=None, shortcut=None,
+                 norm=None, *, kernel: int):
+        # ResnetBlock's signature (ldm.Ops.block); the ops' frame-wise conv and norm are not taken: the
+        # image half runs on the frames folded into the batch, with 2-D layers
+        super().__init__(cin, cout, groups, eps)
         self.time_stack = TimeStack(cout, kernel)
         self.mix_factor = nn.Parameter(torch.zeros(1))
 
@@ -110,7 +114,7 @@ def _decoder(cfg: SVDConfig) -> ldm.Decoder:
     ops = ldm.Ops(conv=lambda i, o: FrameConv2d(i, o, 3, padding=1), shortcut=conv2d_1x1,
                   norm=lambda c: FrameGroupNorm(GROUPS, c, eps=EPS),
                   attention=lambda c: FrameSelfAttention(c, GROUPS, EPS) if cfg.mid_attention else None,
-                  block=lambda i, o: VideoResnetBlock(i, o, k))
+                  block=functools.partial(VideoResnetBlock, kernel=k))
     n_res = cfg.num_res_blocks if cfg.decoder_res_blocks is None else cfg.decoder_res_blocks
     return ldm.Decoder(cfg.decoder_widths or cfg.widths, n_res, cfg.z_channels, cfg.out_channels, ops,
                        upsample=lambda i, c: FrameUpsample(c) if i != 0 else None,
