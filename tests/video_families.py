@@ -105,6 +105,10 @@ ROWS: dict[str, Row] = {
     # the published structure (4 levels, time resampled on the outer two), 32 wide (GroupNorm's 32 groups)
     "cogvideox": Row((8, 4), lambda: _diffusers().AutoencoderKLCogVideoX(block_out_channels=(32,) * 4,
                                                                          layers_per_block=1)),
+    # the published structure (3 levels; space and time halved on the first, doubled on the decoder's
+    # mirror of it: 4x wavelet patch x 2 = 8x8x8), narrow
+    "cosmos": Row((8, 8), lambda: _diffusers().AutoencoderKLCosmos(
+        encoder_block_out_channels=(8, 8, 16, 16), decode_block_out_channels=(8, 16, 16, 16), num_layers=1)),
 }
 FAMILIES = tuple(ROWS)
 RATIOS = {name: row.ratios for name, row in ROWS.items()}
