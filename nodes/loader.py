@@ -20,7 +20,7 @@ class VAEKitLoad:
     FILE_INPUTS = ("vae_name",)     # a folder listing: this node resolves the name and says where it looked
     DESCRIPTION = ("Loads a VAE (image: AutoencoderKL for SD1.x/SD2.x/SDXL/SD3/Flux.1, the TAESD family (taeqi2_1 too), the "
                    "Consistency Decoder, Qwen-Image 2.1 (RGBA), Mage-VAE (Mage-Flow); video: Wan 2.1/2.2 and "
-                   "Qwen-Image, Mochi, LTX-Video, LTX-2 and LTX-2.5, HunyuanVideo, EasyAnimate, SeedVR2, CogVideoX) from "
+                   "Qwen-Image, Mochi, LTX-Video, LTX-2 and LTX-2.5, HunyuanVideo, EasyAnimate, SeedVR2, CogVideoX, Cosmos-1) from "
                    "the 'vae' or 'vae_approx' folder, in the original, ComfyUI or diffusers key layout. "
                    ".pth/.ckpt files are read without running pickled code.")
 

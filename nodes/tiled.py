@@ -64,7 +64,7 @@ _MODE = (["exact", "fast"], {"default": "exact",
                                "the windows' reach), GroupNorm statistics are shared; overlap is not used. Wan, "
                                "Qwen-Image, HunyuanVideo 1.5 and LTX run tile after tile, each through all its "
                                "frames, so memory is one tile's however large the image or clip; VAEs with "
-                               "GroupNorm (SD/Flux KL, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2, CogVideoX) keep paused "
+                               "GroupNorm (SD/Flux KL, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2, CogVideoX, Cosmos-1) keep paused "
                                "tiles on the CPU while a GPU runs the others. fast: independent tiles blended in "
                                "their overlap: "
                                "faint seams (and flicker in video) where tiles meet, for somewhat less time and "
