@@ -19,6 +19,9 @@ class Capabilities:
                                            # (but see first_frame_odd_only)
     value_range: tuple[float, float] = (-1.0, 1.0)   # pixel range the model works in
     latent_pack: int = 1              # LATENTs carry pack x pack latent pixels in channels (Flux.2)
+    # an image VAE whose LATENTs carry a time axis of one frame, [B, C, 1, h, w], as core gives them
+    # (HunyuanImage 3.0: core builds it as a 3-D VAE with one-frame clips); [B, C, h, w] is taken too
+    latent_frame_axis: bool = False
     has_attention: bool = False
     # where normalisation statistics come from: "groupnorm" (H*W of an image), "groupnorm_frame"
     # (H*W of each frame), "groupnorm_clip" (T*H*W of the clip), "rms" (per pixel/voxel), "none"

@@ -59,23 +59,9 @@ def published(seed: int = SEED):
     return model
 
 
-def _audio_stand_in() -> None:
-    """Core imports ``torchaudio.functional`` at start-up (its Gemma 4 text encoder). Where torchaudio is an
-    import-only stand-in without it (a CPU setup without the audio wheel), an empty module lets core start;
-    nothing here runs audio."""
-    import importlib.util
-    import types
-    if importlib.util.find_spec("torchaudio") is not None and "torchaudio.functional" not in sys.modules:
-        try:
-            importlib.import_module("torchaudio.functional")
-        except ImportError:
-            sys.modules["torchaudio.functional"] = types.ModuleType("torchaudio.functional")
-
-
 def worker(a) -> None:
     """Core's side: every case through comfy.sd.VAE, and core's model in the original's grouping."""
     torch.set_num_threads(a.threads)
-    _audio_stand_in()
     sd, inputs = comfy_core.worker_files(a.worker)
     v = comfy_core.vae(a.comfyui, sd)
     m = v.first_stage_model

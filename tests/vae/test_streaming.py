@@ -9,7 +9,7 @@ import torch
 from helpers import module_attrs
 from video_families import RATIOS, USER_TILED
 
-EXACT_DECODE = ("mochi", "magvit", "wan", "hunyuan_video15", "seedvr2", "cogvideox", "cosmos")
+EXACT_DECODE = ("mochi", "magvit", "wan", "hunyuan_video15", "seedvr2", "cogvideox", "taehv", "cosmos")
 EXACT_ENCODE = ("mochi", "magvit", "ltx", "ltx2", "wan", "hunyuan_video15", "ltx_diffusion", "seedvr2",
                 "cosmos")
 
