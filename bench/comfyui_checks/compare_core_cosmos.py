@@ -75,14 +75,6 @@ def worker(a) -> None:
                                            "unexpected": sorted(set(sd) - keys)})
 
 
-def diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
-    if a.shape != b.shape:
-        raise SystemExit(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    d = (a.float() - b.float()).abs()
-    scale = max(a.abs().max().item(), b.abs().max().item(), 1e-12)
-    return d.max().item(), d.mean().item(), d.max().item() / scale
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     comfy_core.comparison_flags(p)
@@ -117,7 +109,7 @@ def main() -> None:
     failed = []
 
     def row(case, out, against, other):
-        mx, mn, rel = diff(out, other)
+        mx, mn, rel = comfy_core.diff(out, other)
         ok = mx <= TOL
         if not ok:
             failed.append(f"{case} {against}")
