@@ -69,7 +69,7 @@ _MODE = (["exact", "fast"], {"default": "exact",
                                "through all its "
                                "frames, so memory is one tile's however large the image or clip; VAEs with "
                                "GroupNorm (SD/Flux KL, HunyuanImage, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2, CogVideoX, "
-                               "SVD) keep paused "
+                               "SVD, Cosmos-1) keep paused "
                                "tiles on the CPU while a GPU runs the others. fast: independent tiles blended in "
                                "their overlap: "
                                "faint seams (and flicker in video) where tiles meet, for somewhat less time and "

@@ -152,6 +152,10 @@ ROWS: dict[str, Row] = {
     # the published structure (4 levels, 2 resnets each, temporal resnets and output conv), 32 wide; no
     # temporal compression; its LATENT keeps a clip's frames in the batch (Capabilities.frames_in_batch)
     "svd": Row((8, 1), _svd),
+    # the published structure (3 levels; space and time halved on the first, doubled on the decoder's
+    # mirror of it: 4x wavelet patch x 2 = 8x8x8), narrow
+    "cosmos": Row((8, 8), lambda: _diffusers().AutoencoderKLCosmos(
+        encoder_block_out_channels=(8, 8, 16, 16), decode_block_out_channels=(8, 16, 16, 16), num_layers=1)),
 }
 FAMILIES = tuple(ROWS)
 RATIOS = {name: row.ratios for name, row in ROWS.items()}

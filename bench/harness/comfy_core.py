@@ -113,3 +113,12 @@ class ParityTable:
         print(f"{name:<{self.width}} {str(tuple(ours.shape[self.skip:])):<16} {row['max']:>9.2e} {row['mean']:>9.2e}  "
               f"{'parity' if parity else '      '}  {note}")
 
+
+def diff(a, b) -> tuple[float, float, float]:
+    """Max and mean abs difference of two outputs, and the max over the larger side's largest magnitude
+    (the rows of a core comparison). Different shapes end the run, saying both."""
+    if a.shape != b.shape:
+        raise SystemExit(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+    d = (a.float() - b.float()).abs()
+    scale = max(a.abs().max().item(), b.abs().max().item(), 1e-12)
+    return d.max().item(), d.mean().item(), d.max().item() / scale

@@ -27,7 +27,8 @@ VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "ltx2": (16, 14,
                 # odd: an even count's first 4 frames are one frame repeated (no lone first frame), which an
                 # animated WebP stores once
                 "cogvideox": (16, 9, 4, 4),
-                "taehv": (16, 10, 4, 4), "taeh3": (24, 12, 3, 3), "svd": (4, 16, 4, 4)}
+                "taehv": (16, 10, 4, 4), "taeh3": (24, 12, 3, 3), "svd": (4, 16, 4, 4),
+                "cosmos": (16, 10, 4, 4)}
 # families whose LATENT holds one clip's frames in the batch, [T, C, h, w] (as core's SVD nodes make it)
 FRAMES_IN_BATCH = ("svd",)
 # image graphs whose VAE is a video family's (Qwen-Image runs on a Wan 2.1-architecture VAE)
