@@ -158,7 +158,8 @@ class _Coroutine:
 def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans], in_unit: int, out_unit: int,
               out_device: torch.device, chunks: Optional[tuple[Spans, Spans]] = None, probe_size: int = 4,
               progress: Optional[Progress] = None, offload: Optional[torch.device] = None,
-              order: str = "auto", park_tiles=None, sample: bool = False) -> torch.Tensor:
+              order: str = "auto", park_tiles=None, sample: bool = False, body=None,
+              fixed: bool = False) -> torch.Tensor:
     """Apply ``fn(x, model)`` (a forward of ``model``) to ``x`` tile by tile with the untiled result.
 
     ``cores``: per spatial axis (the last two of ``x``), spans in latent units that partition it;
@@ -173,7 +174,10 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
     it (no GroupNorm statistics). ``park_tiles``: paused tiles of a "rounds" run wait on ``offload``
     (vae/engine/park.py; default: when it is another kind of device than the model's; "copy": moved to new
     storages on the same device, the tests' check that nothing depends on the old ones). ``sample`` (the
-    planner's dry run on the meta device): tile after tile, only the most interior tile runs."""
+    planner's dry run on the meta device): tile after tile, only the first and the most interior tile run.
+    ``body``: how a tile-after-tile run calls the seam modules between its pauses (``body(module, x,
+    *args)``: a compiled handle's graphs; vae/engine/stages.py), ``fixed`` (implied by ``body``): its tiles of
+    one shape; tiles meeting in rounds run eagerly."""
     latent = tuple(n // in_unit for n in x.shape[-2:])
     events, segs, small = _probe(fn, model, x, in_unit, out_unit, chunks, probe_size)
     staged = stages.plan(events, small, in_unit, out_unit) if order != "rounds" else None
@@ -181,7 +185,7 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
         raise ValueError("this model's tiles share GroupNorm statistics: they cannot run one after the other")
     if staged is not None:
         return stages.run_stages(fn, model, x, latent, staged, cores, in_unit, out_device, chunks, offload, progress,
-                                 sample)
+                                 sample, body, fixed)
     device = next(model.parameters()).device
     offload = torch.device(offload or out_device)
     force = park_tiles == "copy"          # the tests' check: new storages on the same device
