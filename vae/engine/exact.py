@@ -56,7 +56,7 @@ from . import distributed, park, stages
 from . import memory as vram
 from .. import run as runstate
 from ..nn.norm import GroupNorm, group_moments
-from .receptive import Event, Segment, active, probe, scale_of, segments
+from .receptive import Event, Segment, active, probe, reach, scale_of, segments
 from .tiles import Output, Tile, grid
 from .tiling import Progress
 
@@ -180,6 +180,7 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
     one shape; tiles meeting in rounds run eagerly."""
     latent = tuple(n // in_unit for n in x.shape[-2:])
     events, segs, small = _probe(fn, model, x, in_unit, out_unit, chunks, probe_size)
+    cores = edge_cores(cores, events, small)
     staged = stages.plan(events, small, in_unit, out_unit) if order != "rounds" else None
     if order == "tiles" and staged is None:
         raise ValueError("this model's tiles share GroupNorm statistics: they cannot run one after the other")
@@ -204,6 +205,31 @@ def tile_major(fn: Fn, model: nn.Module, x: torch.Tensor, in_unit: int, out_unit
     """Whether ``run_exact`` runs this call tile after tile (the model has no GroupNorm statistics)."""
     events, segs, small = _probe(fn, model, x, in_unit, out_unit, chunks, probe_size)
     return stages.plan(events, small, in_unit, out_unit) is not None
+
+
+def edge_cores(cores: Sequence[Spans], events: Sequence[Event], small) -> list[list[tuple[int, int]]]:
+    """``cores`` with the first and last span of each axis merged into their neighbour while narrower
+    than a windowed module needs (``exact_window``: a window that shifts inward at the map's border).
+    Such a module reaches ``exact_reach`` (half its window) from a core away from the border; a core
+    whose queries all lie within that of the border sees their shifted windows reach ``window - 1``
+    inward, past its halo, unless it is at least ``window - reach`` wide (latent units at the module's
+    scale)."""
+    need = [1] * len(cores)
+    for e in events:
+        window = getattr(e.module, "exact_window", None)
+        if window is None or e.kind == "whole":
+            continue
+        for d, (w, r, s) in enumerate(zip(window, reach(e.module), scale_of(e, small))):
+            need[d] = max(need[d], math.ceil((w - r) / s))
+    out = []
+    for spans, n in zip(cores, need):
+        spans = list(spans)
+        while len(spans) > 1 and spans[0][1] - spans[0][0] < n:
+            spans[:2] = [(spans[0][0], spans[1][1])]
+        while len(spans) > 1 and spans[-1][1] - spans[-1][0] < n:
+            spans[-2:] = [(spans[-2][0], spans[-1][1])]
+        out.append(spans)
+    return out
 
 
 def _probe(fn, model, x, in_unit, out_unit, chunks, probe_size):
