@@ -1,7 +1,7 @@
 """Exact within a memory budget: measured working sets beside the planner's predictions, one pass beside
 exact tiles, and the plans for sizes this machine cannot run.
 
-    python bench/bench_budget.py scaling --family wan             # the issue's table for Wan 2.1
+    python bench/bench_budget.py scaling --family wan             # the table of docs/memory.md for Wan 2.1
     python bench/bench_budget.py scaling --family wan --sizes 512x768x17 --kinds one_pass,budget --budget 1
     python bench/bench_budget.py scaling --family wan --sizes 256x384x9 --tile 128 --kinds one_pass,exact,compiled
     python bench/bench_budget.py scaling --family wan --sizes 256x384x17,512x768x17 --tile 256x192 --kinds exact

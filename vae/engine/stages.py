@@ -214,7 +214,7 @@ class _Shared:
             if dx:
                 out[..., :dx] = self._stored(self.strips, key, out[..., :dx])
             if dy:
-                band = self._band(key, out[..., :dy, :], self._width(tile, scales), reading=True)
+                band = self._band((*key, tile.core[0][0]), out[..., :dy, :], self._width(tile, scales), reading=True)
                 out[..., :dy, dx:] = band[..., own[1]:hi[1]]
         else:
             out = new
@@ -223,7 +223,7 @@ class _Shared:
                 self.strips[key] = out[..., after[1] - lo[1]:].to(self.device, copy=True)
         if after[0] is not None:                 # for the row below
             rows = out[..., after[0] - lo[0]:, :]
-            self._band(key, rows, self._width(tile, scales))[..., lo[1]:hi[1]] = rows
+            self._next_band(key, tile.core[0], rows, self._width(tile, scales))[..., lo[1]:hi[1]] = rows
         return out
 
     @staticmethod
@@ -239,8 +239,21 @@ class _Shared:
                 got = store[key] = torch.empty(like.shape, dtype=like.dtype, device=self.device)
         return got
 
+    def _next_band(self, key, rows_at: tuple[int, int], rows: torch.Tensor, width: int) -> torch.Tensor:
+        """The band a row of tiles (latent rows ``rows_at``) writes for the row below, keyed by where that
+        row starts. Where it has the shape of the band this row reads, that one is reused in place (a tile
+        writes only the columns the tiles on its right have read, see ``recut``); where not (rows of tiles
+        of different heights need bands of different heights), a second one; older rows' bands are dropped."""
+        for k in [k for k in self.bands if k[:-1] == key and k[-1] < rows_at[0]]:
+            del self.bands[k]
+        here = self.bands.get((*key, rows_at[0]))
+        if (*key, rows_at[1]) not in self.bands and here is not None and here.shape == (*rows.shape[:-1], width):
+            self.bands[(*key, rows_at[1])] = here
+        return self._band((*key, rows_at[1]), rows, width)
+
     def _band(self, key, rows: torch.Tensor, width: int, reading: bool = False) -> torch.Tensor:
-        """The band of re-cut point and chunk ``key``: ``rows``' leading shape and rows, the map's width."""
+        """The band ``key`` (re-cut point, chunk, first latent row of the tiles that read it): ``rows``'
+        leading shape and rows, the map's width."""
         band = self.bands.get(key)
         shape = (*rows.shape[:-1], width)
         if band is None or band.shape != shape:
