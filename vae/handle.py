@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -300,7 +301,8 @@ class VAE:
     def _planned(self, call: "Call", budget: Optional[int], out_device: DeviceLike, offload: DeviceLike,
                  run: Callable[["Call"], torch.Tensor]) -> torch.Tensor:
         """``run(call)``, with its tile and chunk planned for ``budget`` first when one is given; on
-        running out of memory, again with a plan for half the budget (or, without one, half the tile)."""
+        running out of memory, again with a plan for half the budget (or, without one, see ``_oom_retry``).
+        Before the new plan runs, what the failed attempt held is freed (``_released``)."""
         from .engine import budget as planner
         where = dict(device=self.device, out_device=torch.device(out_device or "cpu"),
                      offload=torch.device(offload or out_device or "cpu"))
@@ -314,15 +316,16 @@ class VAE:
             except Exception as e:        # noqa: BLE001 - only out-of-memory errors are retried
                 if not _out_of_memory(e) or budget <= 1 << 20:
                     raise
-                log.warning("VAEKit: out of memory with a plan for %s; planning again for half of it",
-                            planner.gib(budget))
-                del e
-                _free_memory(self.device)
-                budget //= 2
+                _released(e)
+            _free_memory(self.device)       # outside the handler: the failed attempt's frames are gone
+            log.warning("VAEKit: out of memory with a plan for %s; planning again for half of it",
+                        planner.gib(budget))
+            budget //= 2
 
     def _oom_retry(self, call: "Call", run: Callable[["Call"], torch.Tensor]) -> torch.Tensor:
         """``run(call)``; when the device runs out of memory, again with spatial tiles of half the size
-        (down to 4 latent pixels), as core falls back to tiles. Said in the log each time."""
+        (down to 4 latent pixels), as core falls back to tiles. A call that asked for no tiles at all (one
+        pass) is retried in exact tiles: the result it asked for, in less memory. Said in the log each time."""
         r = self.caps.spatial_ratio
         while True:
             try:
@@ -336,12 +339,13 @@ class VAE:
                 smaller = tuple(max(4 * r, t // 2 // r * r) for t in now)
                 if smaller == tuple(now):
                     raise
-                log.warning("VAEKit %s: out of memory with %s tiles; retrying with %dx%d px tiles",
-                            "decode" if call.decode else "encode", "no" if not tile else f"{now[1]}x{now[0]} px",
-                            smaller[1], smaller[0])
-                del e
-                _free_memory(self.device)
-                call = dataclasses.replace(call, tile=smaller)
+                _released(e)
+            _free_memory(self.device)       # outside the handler: the failed attempt's frames are gone
+            mode = "exact" if not (tile or call.tile_frames) else call.mode      # one pass asked: its result
+            log.warning("VAEKit %s: out of memory with %s tiles; retrying with %dx%d px %s tiles",
+                        "decode" if call.decode else "encode", "no" if not tile else f"{now[1]}x{now[0]} px",
+                        smaller[1], smaller[0], mode)
+            call = dataclasses.replace(call, tile=smaller, mode=mode)
 
     def _exact_cores(self, grid: tuple[int, ...], tile: Tile) -> Optional[list]:
         """Exact mode's tile cores per spatial axis (latent units), or None when one tile covers it.
@@ -461,13 +465,31 @@ class Route:
     engine: str
 
 
+# what CUDA libraries raise when the caching allocator cannot give them their workspace
+_ALLOC_FAILED = ("out of memory", "can't allocate memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
 def _out_of_memory(e: BaseException) -> bool:
-    """A device (CUDA) or host (CPU allocator) out-of-memory error."""
+    """A device (CUDA: torch.OutOfMemoryError, or a library's failed workspace allocation) or host (CPU
+    allocator) out-of-memory error."""
     return isinstance(e, torch.OutOfMemoryError) or (
-        isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e)))
+        isinstance(e, RuntimeError) and any(m in str(e) for m in _ALLOC_FAILED))
+
+
+def _released(e: BaseException) -> None:
+    """Drop the tensors a failed attempt still holds through ``e``: its traceback keeps every frame of
+    the attempt alive (an exact run's tile threads included), and with them their tensors, until the
+    handler exits; clearing the frames' locals lets them go. Chained exceptions too."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__
 
 
 def _free_memory(device: torch.device) -> None:
+    """Collect what the failed attempt left (reference cycles through its frames) and give the
+    allocator's cached blocks back, so the new plan starts from what is really free."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
