@@ -96,6 +96,19 @@ class VAE:
     def is_video(self) -> bool:
         return self.caps.temporal_ratio is not None
 
+    @property
+    def takes_clips(self) -> bool:
+        """Whether ComfyUI's LATENT / IMAGE for this VAE are clips [B, C, T, ...] (video VAEs but SVD,
+        whose LATENT keeps one clip's frames in the batch: ``Capabilities.frames_in_batch``)."""
+        return self.is_video and not self.caps.frames_in_batch
+
+    def _as_clip(self, t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """For a ``frames_in_batch`` model, a 4-D [T, C, h, w] tensor as the one clip [1, C, T, h, w] it
+        holds; and whether it was one (the result then goes back to [T, C, H, W])."""
+        if self.caps.frames_in_batch and torch.is_tensor(t) and t.dim() == 4:
+            return t.movedim(0, 1).unsqueeze(0), True
+        return t, False
+
     def frames_for(self, latent_frames: int) -> int:
         """Pixel frames a clip of ``latent_frames`` decodes to: 1 + r*(t-1) (r*t for an even t where the
         first frame stands alone in odd counts only), or the model's own rule."""
@@ -127,11 +140,13 @@ class VAE:
         if not caps.can_decode:
             raise InputError("this VAE has no decoder (only an encoder file was loaded).", input="vae",
                              fix="load the matching *_decoder file too, or the pair by its stem name.")
+        z, _ = self._as_clip(z)
         if self.is_video:
             if z.dim() != 5:
                 seen = f" (as {channel_hint(z.shape[1], z.dim())} latents have)" if z.dim() == 4 else ""
-                raise InputError(f"{self.name} is a video VAE and takes video latents [B, C, frames, h, w] (one "
-                                 f"frame: [B, C, 1, h, w], as Qwen-Image's sampler gives them); got shape "
+                takes = "[B, C, frames, h, w] or one clip's frames [frames, C, h, w]" if caps.frames_in_batch \
+                    else "[B, C, frames, h, w] (one frame: [B, C, 1, h, w], as Qwen-Image's sampler gives them)"
+                raise InputError(f"{self.name} is a video VAE and takes video latents {takes}; got shape "
                                  f"{tuple(z.shape)}{seen}.", input=input,
                                  fix="connect the LATENT of a video model (e.g. its sampler's output); "
                                      "an image latent belongs to an image VAE.")
@@ -159,7 +174,9 @@ class VAE:
         return z
 
     def check_image(self, x: torch.Tensor, input: str = "pixels") -> torch.Tensor:
-        """Validate images [B, C, H, W] (or clips [B, C, T, H, W] for a video VAE) in 0..1."""
+        """Validate images [B, C, H, W] (or clips [B, C, T, H, W] for a video VAE; a ``frames_in_batch``
+        model's one clip [T, C, H, W] becomes [1, C, T, H, W]) in 0..1."""
+        x, _ = self._as_clip(x)
         x = checks.image(x, self.caps.image_channels, self.caps.spatial_ratio_packed, self.is_video, input)
         caps = self.caps
         if not caps.can_encode:
@@ -232,13 +249,14 @@ class VAE:
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
                mode: str = "fast", budget: Optional[int] = None, offload: DeviceLike = None,
                **options) -> torch.Tensor:
-        """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]) in
-        0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
+        """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]; SVD's one
+        clip [T, C, h, w] -> [T, C, H, W]) in 0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
         ``overlap_frames`` in pixel frames; ``options`` are model decode inputs (see decode_options).
         ``mode``: "fast" (independent tiles, blended) or "exact" (the untiled result; see vae/engine/exact.py).
         ``budget``: bytes the call may use on the device; the planner (vae/engine/budget.py) then picks the
         largest tile (at most ``tile``) and chunk that fit, or raises naming the smallest budget that
         works. ``offload``: where exact mode keeps its maps between stages (default ``out_device``)."""
+        _, frames_in_batch = self._as_clip(z)
         z = self.check_latent(z)
         _check_mode(mode)
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
@@ -253,7 +271,8 @@ class VAE:
             out = self._planned(call, budget, out_device, offload, lambda c: self._engine(
                 g, z, c, progress, out_device, offload))
             guard.require_finite(self, out, "decode", z, opts, "samples")
-            return out.clamp_(0.0, 1.0)
+            out = out.clamp_(0.0, 1.0)
+            return out[0].movedim(1, 0) if frames_in_batch else out
 
     def route(self, call: "Call") -> "Route":
         """How ``call`` runs: exact tiles (streamed in time where the model streams), a streamed time
@@ -374,6 +393,8 @@ class VAE:
         """The ``Call`` a decode of a latent (encode of pixels) of ``shape`` makes."""
         caps, r = self.caps, self.caps.spatial_ratio
         shape = tuple(shape)
+        if caps.frames_in_batch and len(shape) == 4:          # one clip's frames in the batch
+            shape = (1, shape[1], shape[0], *shape[2:])
         if op == "decode":
             if not self.is_video and len(shape) == 5 and shape[2] == 1:     # an image LATENT's frame axis
                 shape = shape[:2] + shape[3:]
@@ -418,7 +439,9 @@ class VAE:
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
                mode: str = "fast", budget: Optional[int] = None, offload: DeviceLike = None) -> torch.Tensor:
         """Images [B, C, H, W] (video: clips [B, C, T, H, W]) in 0..1 -> LATENT tensor (packed the way
-        the model family's LATENTs are). ``mode``, ``budget`` and ``offload`` as for decode."""
+        the model family's LATENTs are; SVD's one clip [T, C, H, W] -> [T, C, h, w]). ``mode``, ``budget``
+        and ``offload`` as for decode."""
+        _, frames_in_batch = self._as_clip(x)
         x = self.check_image(x)
         _check_mode(mode)
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
@@ -436,6 +459,8 @@ class VAE:
                 z = self.model.finish_encode(z)
             guard.require_finite(self, z, "encode", x, {}, "pixels")
             z = latents.pack(z, self.caps.latent_pack)
+            if frames_in_batch:
+                return z[0].movedim(1, 0)
             return z.unsqueeze(2) if self.caps.latent_frame_axis else z
 
 

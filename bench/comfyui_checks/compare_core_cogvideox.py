@@ -79,14 +79,6 @@ def worker(a) -> None:
                                            "unexpected": sorted(set(sd) - keys)})
 
 
-def diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
-    if a.shape != b.shape:
-        raise SystemExit(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    d = (a.float() - b.float()).abs()
-    scale = max(a.abs().max().item(), b.abs().max().item(), 1e-12)
-    return d.max().item(), d.mean().item(), d.max().item() / scale
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     comfy_core.comparison_flags(p)
@@ -115,7 +107,7 @@ def main() -> None:
     print(f"{'case':<11} {'out (T, H, W)':<15} {'against':<34} {'max':>9} {'mean':>9} {'rel':>8}")
 
     def row(case, out, against, other, expect_equal):
-        mx, mean, rel = diff(out, other)
+        mx, mean, rel = comfy_core.diff(out, other)
         mark = "" if not expect_equal else ("  ok" if mx <= TOL else "  FAIL")
         if expect_equal and mx > TOL:
             failed.append(f"{case} {against}")

@@ -90,3 +90,13 @@ def comparison_flags(p) -> None:
     p.add_argument("--python", help="ComfyUI's python (its venv); default: this one")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--worker", help=argparse.SUPPRESS)
+
+
+def diff(a, b) -> tuple[float, float, float]:
+    """Max and mean abs difference of two outputs, and the max over the larger side's largest magnitude
+    (the rows of a core comparison). Different shapes end the run, saying both."""
+    if a.shape != b.shape:
+        raise SystemExit(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+    d = (a.float() - b.float()).abs()
+    scale = max(a.abs().max().item(), b.abs().max().item(), 1e-12)
+    return d.max().item(), d.mean().item(), d.max().item() / scale
