@@ -303,13 +303,19 @@ class VAE:
         if route.engine == "exact":
             units = (1, r) if call.decode else (r, 1)
             return g.whole(lambda f, m: exact.run_exact(f, m, x, route.cores, *units, out_device, chunks=chunks,
-                                                        progress=progress, offload=offload and torch.device(offload)))
+                                                        progress=progress, offload=offload and torch.device(offload),
+                                                        body=self._exact_body(call.decode, m)))
         if route.engine == "streamed":
             ins, outs = chunks
             frames = self.frames_for(call.grid[0]) if call.decode else call.grid[0]
             return streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, x, ins, outs, plans[1:],
                                           ins_u[1:], outs_u[1:], channels, frames, out_device, progress)
         return tiling.run_tiled(g.tiled(plans), x, plans, ins_u, outs_u, channels, out_device, progress=progress)
+
+    def _exact_body(self, decode: bool, model: torch.nn.Module) -> Optional[Callable]:
+        """How exact tiles call the seam modules of ``model`` between their pauses (vae/run.py ``Body``):
+        None, eagerly (a compiled handle: through its graphs)."""
+        return None
 
     def _planned(self, call: "Call", budget: Optional[int], out_device: DeviceLike, offload: DeviceLike,
                  run: Callable[["Call"], torch.Tensor]) -> torch.Tensor:

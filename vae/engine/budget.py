@@ -142,6 +142,7 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
             k = min(3, len(chunks[0]))
             chunks = (chunks[0][:k], chunks[1][:k])
         meta, parks = torch.device("meta"), offload.type != device.type
+        fixed = handle._exact_body(call.decode, handle.model) is not None      # a compiled handle's tile shapes
         cores, scale = route.cores, 1.0
         if not exact.tile_major(fn, model, x, *units, chunks):
             # tiles meet in rounds, all alive together: measure up to 4x4 of them and scale by area,
@@ -151,7 +152,7 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
         def call():
             memory.offloaded(x, count=False)      # the input waits where the caller has it; tiles are cut from it
             exact.run_exact(fn, model, x, cores, *units, meta, chunks=chunks, offload=meta, park_tiles=parks,
-                            sample=True)
+                            sample=True, fixed=fixed)
         m = memory.measure(call, model=model)
         maps = m.offload
         if chunks:                  # maps scale with the chunks; the tracker saw the first k
