@@ -187,15 +187,12 @@ def prepare(handle, op: Optional[str] = None, shape: Optional[tuple] = None, **p
     return need
 
 
-GIB = 1 << 30
-
-
-def budget(gb: float, handle, need: Optional[int]) -> Optional[int]:
-    """The memory budget (bytes) a node's call plans for: ``gb`` when the user gives one; with 0, inside
-    ComfyUI, what its memory manager says is free on the VAE's device once the VAE is loaded, when the
-    call as asked (``need``) would not fit in it; else none (the call runs as asked)."""
-    if gb and gb > 0:
-        return int(gb * GIB)
+def budget(size: Optional[int], handle, need: Optional[int]) -> Optional[int]:
+    """The memory budget (bytes) a node's call plans for: ``size`` (bytes, checked) when the user gives
+    one; with 0, inside ComfyUI, what its memory manager says is free on the VAE's device once the VAE is
+    loaded, when the call as asked (``need``) would not fit in it; else none (the call runs as asked)."""
+    if size:
+        return size
     mm = model_management()
     if mm is None or need is None or not hasattr(mm, "get_free_memory"):
         return None
