@@ -200,7 +200,8 @@ def test_every_video_family_has_tiled_and_framewise_decode_workflows():
 def _expected(v, z, family, dec):
     """The library's own decode with the graph's settings (tiled, or frame-wise)."""
     s, r = RATIOS[family]
-    opts = dict(timestep=dec.get("decode_timestep"), noise_scale=dec.get("decode_noise_scale"), seed=dec.get("seed"))
+    opts = v.decode_options(dict(timestep=dec.get("decode_timestep"), noise_scale=dec.get("decode_noise_scale"),
+                                 seed=dec.get("seed")))             # the options this family's model takes
     if "frames_per_chunk" in dec:
         return v.decode(z, tile=dec["tile_size"] or None, overlap=dec["tile_overlap"],
                         tile_frames=dec["frames_per_chunk"] * r, overlap_frames=dec["overlap"] * r, **opts)
