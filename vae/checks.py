@@ -233,6 +233,7 @@ _SIZE = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|[-+]?(?:nan|inf
                    re.IGNORECASE)
 _FORMS = ("bytes as an int (e.g. 4 << 30), GB as a float (4.0), or a string: '4GB', '4 GB', '512MB', '1.5GiB' "
           "(a GB is 2^30 bytes)")
+_TEXT_FORMS = "a size: '4' (GB), '4GB', '4 GB', '1.5GiB' or '512MB' (a GB is 2^30 bytes)"
 
 
 def budget(value, input: str = "budget", *, numbers_in_gb: bool = False, zero: bool = False) -> Optional[int]:
@@ -241,7 +242,7 @@ def budget(value, input: str = "budget", *, numbers_in_gb: bool = False, zero: b
     nodes' widget), else an int is bytes and a float GB (the library)."""
     if value is None:
         return None
-    forms = "GB, e.g. 4 or 0.5" if numbers_in_gb else _FORMS
+    forms = "GB, e.g. 4 or 0.5" if numbers_in_gb else _TEXT_FORMS if isinstance(value, str) else _FORMS
     if isinstance(value, str):
         m = _SIZE.match(value)
         unit = m and m[2].upper().replace("IB", "B")
@@ -262,8 +263,8 @@ def budget(value, input: str = "budget", *, numbers_in_gb: bool = False, zero: b
         if zero:
             return 0
         raise InputError(f"a memory budget of {value!r} fits nothing.", input=input,
-                         fix="give a size, e.g. 4 GB, or no budget at all (None; on the command line, leave the "
-                             "option out).")
+                         fix="give a size, e.g. 4 GB, or no budget at all (None in the library; on the command "
+                             "line, leave the option out).")
     if size < MIN_BUDGET:
         meant = (f" An int is bytes: for {value} GB pass {float(value)} or '{value}GB'."
                  if isinstance(value, numbers.Integral) and not numbers_in_gb else "")
