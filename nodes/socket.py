@@ -1,7 +1,8 @@
 """What travels on a ``VAE`` socket, both ways.
 
 ``VAEKitVAE`` wraps our handle with the calls core nodes make (VAE Decode/Encode and their tiled
-versions, Set Latent Noise Mask helpers...), so core nodes accept our VAE. ``as_engine`` turns
+versions, Set Latent Noise Mask helpers...) and the attributes they read and set, its ``patcher`` included
+(core's patcher contract: nodes/patcher.py), so core nodes accept our VAE. ``as_engine`` turns
 whatever arrives on a socket (ours, or a core ``comfy.sd.VAE``) into something our nodes can tile."""
 from __future__ import annotations
 

@@ -185,6 +185,14 @@ class VAE:
                         "frames fit.", input, t, self.name, r, r, keep, t - keep, keep, keep + r)
         return keep
 
+    def _checked(self, op: str, options: dict, *given) -> tuple:
+        """The call's keywords through the one check where they enter (vae/checks.py: call), in the order
+        decode/encode name them: tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device."""
+        names = ("tile", "overlap", "tile_frames", "overlap_frames", "mode", "budget", "offload", "out_device")
+        own = self.caps.decode_options if op == "decode" else self.caps.encode_options
+        checked = checks.call(op, options, own, **dict(zip(names, given)))
+        return tuple(checked[n] for n in names)
+
     # ---- engines -------------------------------------------------------------------------------
     def _plans(self, grid: tuple[int, ...], tile: Tile, overlap: Optional[int], tile_frames: Optional[int],
                overlap_frames: Optional[int]) -> list[tiling.AxisPlan]:
@@ -240,12 +248,8 @@ class VAE:
         2^30 bytes; vae/checks.py: budget); the planner (vae/engine/budget.py) then picks the
         largest tile (at most ``tile``) and chunk that fit, or raises naming the smallest budget that
         works. ``offload``: where exact mode keeps its maps between stages (default ``out_device``)."""
-        a = checks.call("decode", options, self.caps.decode_options, tile=tile, overlap=overlap,
-                        tile_frames=tile_frames, overlap_frames=overlap_frames, mode=mode, budget=budget,
-                        offload=offload, out_device=out_device)
-        tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device = (
-            a[k] for k in ("tile", "overlap", "tile_frames", "overlap_frames", "mode", "budget", "offload",
-                           "out_device"))
+        tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device = self._checked(
+            "decode", options, tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device)
         z = self.check_latent(z)
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
             return defined.decode(self, z, options, progress, out_device, budget, tile=tile, overlap=overlap,
@@ -411,12 +415,8 @@ class VAE:
         the model family's LATENTs are). A clip whose frame count does not fit the family's rule is
         encoded as core does (the frames past the last whole group dropped) with a warning. ``mode``,
         ``budget``, ``offload`` and ``options`` (the model's own encode inputs, if any) as for decode."""
-        a = checks.call("encode", options, self.caps.encode_options, tile=tile, overlap=overlap,
-                        tile_frames=tile_frames, overlap_frames=overlap_frames, mode=mode, budget=budget,
-                        offload=offload, out_device=out_device)
-        tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device = (
-            a[k] for k in ("tile", "overlap", "tile_frames", "overlap_frames", "mode", "budget", "offload",
-                           "out_device"))
+        tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device = self._checked(
+            "encode", options, tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device)
         x = self.check_image(x)
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
             return defined.encode(self, x, progress, out_device, budget, tile=tile, overlap=overlap,
