@@ -4,13 +4,11 @@ stand-in, inside a real ComfyUI through core's own memory manager, SUPIR Apply a
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
 
 import pytest
 import torch
 
-from helpers import ROOT
+from helpers import IN_COMFYUI, ROOT, run_in_comfyui
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -118,11 +116,6 @@ def test_our_nodes_load_through_the_sockets_patcher(vae, z, pack):
     assert _comfy.registered(handle) is other.patcher
 
 
-@pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
-                    reason="set COMFYUI_DIR and COMFYUI_PYTHON to run core's patcher users on our VAE")
+@IN_COMFYUI
 def test_core_nodes_that_use_the_patcher_run_with_our_vae():
-    proc = subprocess.run([os.environ["COMFYUI_PYTHON"], str(ROOT / "bench" / "comfyui_checks" / "check_patcher.py")],
-                          capture_output=True, text=True, timeout=600, cwd=os.environ["COMFYUI_DIR"])
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "7 of 7 checks passed" in proc.stdout
+    assert "7 of 7 checks passed" in run_in_comfyui("check_patcher.py")
