@@ -41,6 +41,20 @@ def module_attrs(model: torch.nn.Module) -> dict:
             for name, m in model.named_modules()}
 
 
+def original_module(env: str, what: str):
+    """An original repository's source file (e.g. madebyollin's taesd.py), imported from the local copy
+    the environment variable ``env`` names: a test-time oracle only. CI has neither network nor a copy,
+    so the test is skipped there (``what`` says which copy to give)."""
+    import importlib.util
+    path = os.environ.get(env)
+    if not path or not os.path.isfile(path):
+        pytest.skip(f"set {env} to a copy of {what}")
+    spec = importlib.util.spec_from_file_location(f"_{env.lower()}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def jitter_norms(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
     """Random GroupNorm affine parameters, so a parity test also checks the norms' weights."""
     g = torch.Generator().manual_seed(1)
@@ -148,6 +162,41 @@ def pointwise_video_vae(channels: int = 4, r: int = 4, s: int = 8, memory: int =
                     to_canonical=dict, config_from_state_dict=lambda sd, hint: None,
                     build=lambda cfg: PointwiseVideo(channels, r, s, memory), capabilities=lambda cfg: caps)
     return VAE(spec, None, PointwiseVideo(channels, r, s, memory).eval())
+
+
+def halves(sd: dict) -> tuple[dict, dict]:
+    """A state dict's encoder and decoder keys (an encoder-only and a decoder-only file)."""
+    return ({k: v for k, v in sd.items() if k.startswith("encoder.")},
+            {k: v for k, v in sd.items() if k.startswith("decoder.")})
+
+
+def assert_budget_plans_exact_tiles(v, z: torch.Tensor, gpu_latent: tuple, encode_shape: tuple, caplog,
+                                    tile: int = 64) -> None:
+    """The memory planner (vae/engine/budget.py) on a video VAE whose exact tiles meet in rounds: below the
+    untiled prediction for decoding ``z`` on the CPU it plans smaller exact tiles, with the untiled result;
+    planned for a GPU (paused tiles wait in host memory), the tiles of a ``gpu_latent`` decode need at most
+    half the untiled pass beyond the calibration's fixed bytes; memory managers get a number both ways."""
+    import logging
+
+    from vae.engine import budget, memory
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    side = z.shape[-1] * v.caps.spatial_ratio
+    untiled = budget.plan(v, v.call_for("decode", z.shape, mode="exact"), 1 << 40, cpu, cpu, cpu)
+    assert untiled.call.tile >= side
+    with caplog.at_level(logging.INFO, logger="VAEKit"):
+        out = v.decode(z, mode="exact", budget=untiled.on_device() - 1)
+    line = next(r.message for r in caplog.records if "predicted on cpu" in r.message)
+    assert "exact" in line and "px tiles" in line, line
+    assert (out - v.decode(z)).abs().max() <= 1e-5
+    call = v.call_for("decode", gpu_latent, mode="exact")
+    fixed = memory.calibration(gpu)[1]          # the calibration's fixed bytes: no tile shrinks them
+    whole = budget.plan(v, call, 1 << 40, gpu, cpu, cpu).on_device()
+    half = fixed + (whole - fixed) // 2
+    p = budget.plan(v, call, half, gpu, cpu, cpu)
+    assert p.call.tile < gpu_latent[-1] * v.caps.spatial_ratio and p.on_device() <= half
+    for op, shape in (("decode", z.shape), ("encode", encode_shape)):
+        need = v.memory_needed(shape, op, tile=tile, mode="exact")
+        assert isinstance(need, int) and need > 0, op
 
 
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -91,9 +91,12 @@ class VAE:
         return self.caps.temporal_ratio is not None
 
     def frames_for(self, latent_frames: int) -> int:
-        """Pixel frames a clip of ``latent_frames`` decodes to: 1 + r*(t-1), or the model's own rule."""
+        """Pixel frames a clip of ``latent_frames`` decodes to: 1 + r*(t-1) (r*t for an even t where the
+        first frame stands alone in odd counts only), or the model's own rule."""
         if self.caps.own_tiling is not None:
             return self.caps.own_tiling.frames(latent_frames)
+        if self.caps.first_frame_odd_only and latent_frames % 2 == 0:
+            return self.caps.temporal_ratio * latent_frames
         return 1 + self.caps.temporal_ratio * (latent_frames - 1)
 
     def latent_frames_for(self, frames: int) -> int:
@@ -272,9 +275,11 @@ class VAE:
         plans = self._plans(grid, call.tile, call.overlap, call.tile_frames, call.overlap_frames)
         chunk = self._stream_chunk(grid[0], call.tile_frames, caps.stream_decode if call.decode else caps.stream_encode)
         chunks = None
-        if chunk:
-            split = streaming.decode_chunks if call.decode else streaming.encode_chunks
-            chunks = split(grid[0], chunk, caps.temporal_ratio)
+        if chunk and call.decode:
+            chunks = streaming.decode_chunks(grid[0], chunk, caps.temporal_ratio, lead=caps.stream_batches,
+                                             frames=self.frames_for(grid[0]))
+        elif chunk:
+            chunks = streaming.encode_chunks(grid[0], chunk, caps.temporal_ratio)
         cores = self._exact_cores(grid[-2:], call.tile) if call.mode == "exact" else None
         engine = "exact" if cores else "streamed" if chunk else "tiled"
         return Route(call, plans, chunk, chunks, cores, engine)
@@ -359,9 +364,12 @@ class VAE:
         """Latent frames per chunk when the time axis is streamed (exact), else 0 (one pass, or
         overlapping temporal tiles for models that cannot stream). ``tile_frames`` (pixel frames)
         gives the chunk; without it, the model's own ``stream_chunk`` (the reference's chunking, e.g.
-        Wan's one latent frame), or one pass."""
+        Wan's one latent frame), or one pass. A model whose batches are its definition (``stream_batches``)
+        always runs those."""
         if not (self.is_video and declared):
             return 0
+        if self.caps.stream_batches:
+            return self.caps.stream_chunk
         chunk = max(1, tile_frames // self.caps.temporal_ratio) if tile_frames else self.caps.stream_chunk
         return chunk if tiling.needs_tiling(latent_frames, chunk) else 0
 

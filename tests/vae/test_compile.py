@@ -219,7 +219,8 @@ FAMILY_INPUTS = {"mochi": ((1, 12, 2, 3, 3), (1, 3, 7, 24, 24)), "ltx": ((1, 16,
                  "hunyuan_video15": ((1, 32, 3, 2, 2), (1, 3, 5, 32, 32)),
                  "ltx_diffusion": ((1, 16, 2, 2, 2), (1, 3, 9, 64, 64)),
                  "seedvr2": ((1, 16, 3, 3, 3), (1, 3, 9, 24, 24)),
-                 "minimax": ((1, 24, 3, 2, 2), (1, 3, 5, 32, 32))}
+                 "minimax": ((1, 24, 3, 2, 2), (1, 3, 5, 32, 32)),
+                 "cogvideox": ((1, 16, 3, 3, 3), (1, 3, 9, 24, 24))}
 
 
 # inductor (torch 2.13, CPU) fails to lower these halves; the handle falls back to eager for them

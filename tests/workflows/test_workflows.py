@@ -23,7 +23,11 @@ VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "ltx2": (16, 14,
                 "magvit": (16, 10, 4, 4), "wan": (16, 10, 4, 4), "hunyuan_video15": (32, 10, 3, 3),
                 "ltx_diffusion": (16, 10, 2, 2),
                 "seedvr2": (16, 10, 4, 4),
-                "minimax": (24, 12, 3, 3)}
+                "minimax": (24, 12, 3, 3),
+                # odd: an even count's first 4 frames are one frame repeated (no lone first frame), which an
+                # animated WebP stores once
+                "cogvideox": (16, 9, 4, 4),
+                "taehv": (16, 10, 4, 4), "taeh3": (24, 12, 3, 3)}
 # image graphs whose VAE is a video family's (Qwen-Image runs on a Wan 2.1-architecture VAE)
 IMAGE_WITH_VIDEO_VAE = {"qwen_image_vae.safetensors": "wan"}
 FLUX2 = "flux2-vae.safetensors"        # a random-weight Flux.2 VAE at the published ratio (8, 16 packed), narrow

@@ -28,12 +28,13 @@ class Ops:
     shortcut: ConvFactory                            # 1x1 conv of resnets that change width
     norm: NormFactory
     attention: Callable[[int], Optional[nn.Module]]  # mid-block attention; None: none
+    block: type[ResnetBlock] = ResnetBlock           # the resnet (a subclass may change its forward)
 
     def resnet(self, cin: int, cout: int) -> ResnetBlock:
-        return ResnetBlock(cin, cout, conv=self.conv, shortcut=self.shortcut, norm=self.norm)
+        return self.block(cin, cout, conv=self.conv, shortcut=self.shortcut, norm=self.norm)
 
     def mid(self, channels: int) -> MidBlock:
-        return MidBlock(channels, self.attention(channels), conv=self.conv, norm=self.norm)
+        return MidBlock(channels, self.attention(channels), conv=self.conv, norm=self.norm, block=self.block)
 
 
 class Level(nn.Module):
