@@ -2,6 +2,8 @@
 exact tiles, and the plans for sizes this machine cannot run.
 
     python bench/bench_budget.py scaling --family wan             # the table of docs/memory.md for Wan 2.1
+    python bench/bench_budget.py scaling --family wan --sizes 512x768x17 --kinds one_pass,budget --budget 1
+    python bench/bench_budget.py scaling --family wan --sizes 256x384x9 --tile 128 --kinds one_pass,exact,compiled
     python bench/bench_budget.py scaling --family wan --sizes 256x384x17,512x768x17 --tile 256x192 --kinds exact
     python bench/bench_budget.py scaling --family hunyuan_video15 --sizes 256x384x9,512x768x9
     python bench/bench_budget.py scaling --family qwen --sizes 2048x2048x1 --tile 512
@@ -17,7 +19,11 @@ randn under a fixed seed. Each run is its own subprocess (CPU, fp32, ``--threads
 bench/bench_decode.py measures (peak RSS after load: the working set, output included; the process's CPU
 time of the call). "one pass" is ``VAE.decode(z)`` untiled: for Wan and HunyuanVideo 1.5 their own
 chunked definition (one and two latent frames at a time, equal to the whole clip at once), the
-reference every exact figure is compared with (max abs on 0..1 pixels). ``predicted`` is the planner's
+reference every exact figure is compared with (max abs on 0..1 pixels). Kinds: ``one_pass``; ``exact``
+(exact tiles of ``--tile``); ``budget`` (exact in ``--budget`` GB: the planner picks the tile, its plan
+is printed, and its planning is part of the call's time); ``compiled`` (Compile VAE, inductor, exact
+tiles of ``--tile``: one warm-up call builds the graphs, printed as ``compile s``, then the call
+measured). ``predicted`` is the planner's
 figure for the same call (vae/engine/budget.py: calibrated device peak + maps + output, all on the CPU here),
 computed in the worker before the call; ``fit`` is the factor that run implies with the CPU's fixed bytes:
 (measured - maps - output - fixed) / the tracker's live peak, what vae/engine/memory.py's CALIBRATION is fitted to.
@@ -86,6 +92,7 @@ def _latent(family: str, size: str):
 
 
 def worker(a) -> None:
+    import time
     import torch
     import vae
     from vae.engine import budget
@@ -95,8 +102,24 @@ def worker(a) -> None:
     tile = tuple(map(int, a.tile.split("x"))) if "x" in a.tile else int(a.tile)       # HxW or one side
     kw = {} if a.kind == "one_pass" else dict(tile=tile, mode="exact")
     cpu = torch.device("cpu")
-    p = budget.predict(v, v.call_for("decode", z.shape, **kw), cpu, cpu)
-    Path(f"{a.out}.pred.json").write_text(json.dumps(dict(device=p.device, maps=p.maps, output=p.output, live=p.live)))
+    info = {}
+    if a.kind == "compiled":          # its tiles are of one shape (halos recomputed): predicted as such
+        from vae.compile import compile_vae
+        v, _ = compile_vae(v, encoder=False, backend="inductor")
+    if a.kind == "budget":            # the plan the call will make, and its prediction
+        kw = dict(mode="exact", budget=int(a.budget * budget.GIB))
+        p = budget.plan(v, v.call_for("decode", z.shape, mode="exact"), kw["budget"], cpu, cpu, cpu)
+        info["plan"] = p.describe()
+        p = p.prediction
+    else:
+        p = budget.predict(v, v.call_for("decode", z.shape, **kw), cpu, cpu)
+    if a.kind == "compiled":
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            v.decode(z, **kw)             # builds the graphs
+        info.update(compile_s=time.perf_counter() - t0, graphs=v.graph_count(), fallbacks=v.fallbacks())
+    Path(f"{a.out}.pred.json").write_text(json.dumps(dict(device=p.device, maps=p.maps, output=p.output, live=p.live,
+                                                          **info)))
     measure(lambda x: v.decode(x, **kw), z, v.model, 1, Path(a.out))
 
 
@@ -104,7 +127,7 @@ def _run(a, tmp: Path, weights: Path, family: str, size: str, kind: str) -> dict
     out = tmp / f"{family}_{size}_{kind}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "worker", "--family", family, "--size", size,
            "--kind", kind, "--tile", str(a.tile), "--threads", str(a.threads), "--weights", str(weights),
-           "--out", str(out)]
+           "--out", str(out), "--budget", str(a.budget)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         return {"error": " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])}
@@ -147,6 +170,11 @@ def scaling(a) -> None:
                 cpu = f"{r['cpu_s'] / ref[1]['cpu_s']:.3f}x" if ref else "-"
                 print(f"{size:<14} {kind:<10} {r['cpu_s']:>8.1f} {r['best_s']:>8.1f} {r['working_set_mib']:>12.0f} "
                       f"{pred:>14.0f} {pred / r['working_set_mib']:>9.2f} {fit:>5.2f} {mem:>12} {cpu:>9} {err:>9.2e}", flush=True)
+                if "plan" in p:
+                    print(f"{'':<14} plan: {p['plan']}", flush=True)
+                if "compile_s" in p:
+                    print(f"{'':<14} compiled: first call (graphs built) {p['compile_s']:.1f} s, {p['graphs']} graphs, "
+                          f"eager fallbacks {p['fallbacks'] or 'none'}", flush=True)
                 Path(r["npy"]).unlink()
 
 
@@ -182,7 +210,7 @@ def main() -> None:
     p.add_argument("--kinds", default="one_pass,exact")
     p.add_argument("--tile", default="256", help="exact tile, pixels: one side, or HxW")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--budget", type=float, default=4.0, help="GB, for plans")
+    p.add_argument("--budget", type=float, default=4.0, help="GB: for plans, and the budget kind's")
     p.add_argument("--cases", help="plans: only these families' cases, comma-separated")
     p.add_argument("--size", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)

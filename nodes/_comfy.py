@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from ..vae import progress as progress_module
+from . import patcher
 
 log = logging.getLogger("VAEKit")
 EXTENSIONS = (".safetensors", ".sft", ".pth", ".pt", ".ckpt", ".bin")
@@ -156,7 +157,27 @@ def pick_dtype(choice: str, device: torch.device, working: tuple[torch.dtype, ..
     return torch.float32
 
 
+# model -> the patcher our calls load it through (nodes/patcher.py): the one ``place`` made, or the one a
+# node set as ``vae.patcher`` last (a socket binds its own before each call)
 _patchers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def registered(handle):
+    return _patchers.get(handle.model)
+
+
+def bind(handle, patcher) -> None:
+    _patchers[handle.model] = patcher
+
+
+def patcher_for(handle):
+    """The patcher our calls load ``handle`` through: the one placed or set last, else a new one where its
+    weights are (load and offload alike, as core's VAE on the CPU)."""
+    p = registered(handle)
+    if p is None:
+        p = patcher.new(handle, handle.device, handle.device)
+        bind(handle, p)
+    return p
 
 
 def place(handle, device: torch.device, dtype: torch.dtype) -> None:
@@ -166,36 +187,37 @@ def place(handle, device: torch.device, dtype: torch.dtype) -> None:
     if mm is None or device.type == "cpu":
         handle.to(device, dtype)
         return
-    from comfy.model_patcher import ModelPatcher
     handle.to(mm.vae_offload_device(), dtype)
-    _patchers[handle.model] = ModelPatcher(handle.model, load_device=device,
-                                           offload_device=mm.vae_offload_device())
+    bind(handle, patcher.new(handle, device, mm.vae_offload_device()))
 
 
 def prepare(handle, op: Optional[str] = None, shape: Optional[tuple] = None, **plan) -> Optional[int]:
-    """Inside ComfyUI, load the weights onto their device through its memory manager before use, and
+    """Before a call: inside ComfyUI, load the weights onto their device through its memory manager, and
     tell it what the call needs besides (one tile of one chunk, measured from the architecture on the
-    meta device: ``VAE.memory_needed``), so it frees that much first. Returns that need (None outside
-    ComfyUI or when it cannot be measured)."""
+    meta device: ``VAE.memory_needed``), so it frees that much first; that need is returned (None outside
+    ComfyUI or when it cannot be measured). Outside ComfyUI, the weights go where the VAE's patcher loads
+    them (a node may have set its ``load_device``)."""
     mm = model_management()
-    patcher = _patchers.get(handle.model)
-    if mm is None or patcher is None:
+    p = registered(handle)
+    if p is None:
+        return None
+    if mm is None:
+        load = torch.device(p.load_device)
+        if handle.device != load:
+            handle.to(load)
         return None
     need = handle.memory_needed(tuple(shape), op, **plan) if op and shape is not None else None
     # plain torch layers cannot be partially loaded, so the whole VAE is loaded
-    mm.load_models_gpu([patcher], memory_required=need or 0, force_full_load=True)
+    mm.load_models_gpu([p], memory_required=need or 0, force_full_load=True)
     return need
 
 
-GIB = 1 << 30
-
-
-def budget(gb: float, handle, need: Optional[int]) -> Optional[int]:
-    """The memory budget (bytes) a node's call plans for: ``gb`` when the user gives one; with 0, inside
-    ComfyUI, what its memory manager says is free on the VAE's device once the VAE is loaded, when the
-    call as asked (``need``) would not fit in it; else none (the call runs as asked)."""
-    if gb and gb > 0:
-        return int(gb * GIB)
+def budget(size: Optional[int], handle, need: Optional[int]) -> Optional[int]:
+    """The memory budget (bytes) a node's call plans for: ``size`` (bytes, checked) when the user gives
+    one; with 0, inside ComfyUI, what its memory manager says is free on the VAE's device once the VAE is
+    loaded, when the call as asked (``need``) would not fit in it; else none (the call runs as asked)."""
+    if size:
+        return size
     mm = model_management()
     if mm is None or need is None or not hasattr(mm, "get_free_memory"):
         return None
@@ -206,5 +228,5 @@ def budget(gb: float, handle, need: Optional[int]) -> Optional[int]:
 def placed_device(handle) -> torch.device:
     """Where ``handle`` computes: its memory manager's load device when ``place`` gave it one (the
     weights may wait on the offload device), else where its weights are."""
-    patcher = _patchers.get(handle.model)
-    return torch.device(patcher.load_device) if patcher is not None else handle.device
+    p = registered(handle)
+    return torch.device(p.load_device) if p is not None else handle.device

@@ -32,17 +32,19 @@ def latent_out(latent_in: dict | None, samples: torch.Tensor) -> dict:
 
 def images_to_clips(x: torch.Tensor, r: int, one_clip: bool = True, engine=None) -> torch.Tensor:
     """An IMAGE batch [N, C, H, W] for a video VAE of temporal ratio ``r``, as core's VAE Encode takes
-    it: one clip [1, C, N', H, W] of the first N' = 1 + r*((N-1)//r) images (the frames past the last
-    whole group of ``r`` are dropped: N images give 1 + (N-1)//r latent frames; an ``engine`` with its
-    own rule, ``clip_frames``, says how many it takes: MiniMax H3 pads its clips and takes all), or
-    with ``one_clip=False`` (core's ``not_video``) every image its own one-frame clip [N, C, 1, H, W]."""
+    it: one clip [1, C, N', H, W], or with ``one_clip=False`` (core's ``not_video``) every image its own
+    one-frame clip [N, C, 1, H, W]. A clip for our VAE keeps every image: the library encodes the frames
+    its family's rule takes (``VAE.clip_frames``: 1 + r*k, the rest dropped as core does, with a warning
+    naming the counts that fit). For a core VAE tiled through its own calls the clip is cut here to the
+    first N' = 1 + r*((N-1)//r) images, the same rule, said the same way."""
     if not one_clip:
         return x.unsqueeze(2)
     n = x.shape[0]
-    keep = engine.clip_frames(n) if hasattr(engine, "clip_frames") else 1 + r * ((n - 1) // r) if n else 0
+    keep = n if hasattr(engine, "clip_frames") else 1 + r * ((n - 1) // r) if n else 0
     if keep != n:
         log.warning("VAEKit: %d images make a clip of %d frames (1 + %d*k) for this video VAE; the last %d "
-                    "are dropped, as core's VAE Encode does", n, keep, r, n - keep)
+                    "are dropped, as core's VAE Encode does. %d or %d frames fit.", n, keep, r, n - keep, keep,
+                    keep + r)
     return x[:keep].movedim(1, 0).unsqueeze(0)
 
 

@@ -11,7 +11,7 @@ from . import _comfy
 from .base import CATEGORY, names_node
 from .convert import frames_to_image
 from .socket import as_engine
-from .tiled import _BUDGET, _DECODE_OPTIONS, _budget, _latent_tensor, _prepare, _temporal_ratio
+from .tiled import _BUDGET, _DECODE_OPTIONS, _budget, _latent_tensor, _model_options, _prepare, _temporal_ratio
 
 EXACTNESS = ("Exact (equal to a one-pass decode): Wan 2.1/2.2 (also Qwen-Image's VAE), HunyuanVideo 1.5, Mochi, "
              "EasyAnimate Magvit, SeedVR2, Cosmos-1, the TAEHV family (taeh3 runs MiniMax H3's own units), and image VAEs "
@@ -32,7 +32,7 @@ class VAEKitFramewiseDecode:
     OUTPUT_TOOLTIPS = ("Decoded frames [N, H, W, 3] in 0..1, as core's VAE Decode gives them.",)
     FUNCTION = "decode"
     LIBRARY_INPUTS = {"tile": "tile_size", "overlap": "tile_overlap", "tile_frames": "frames_per_chunk",
-                      "overlap_frames": "overlap"}
+                      "overlap_frames": "overlap", "budget": "max_memory"}
     DESCRIPTION = ("Decodes a video LATENT a few latent frames at a time through the model's causal caches: peak "
                    "memory stays that of one chunk however long the clip. " + EXACTNESS)
 
@@ -65,8 +65,8 @@ class VAEKitFramewiseDecode:
         need = _prepare(engine, "decode", z.shape, tile=tile_size or None,
                         tile_frames=frames_per_chunk * r if r and z.dim() == 5 else None)
         opts = dict(tile=tile_size or None, overlap=tile_overlap, out_device=_comfy.intermediate_device(),
-                    timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed,
-                    **_budget(engine, max_memory, need))
+                    **_budget(engine, max_memory, need),
+                    **_model_options(engine, timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed))
         if r is None or (z.dim() == 4 and not engine.takes_clips):
             # image VAE: the batch is the frame axis; SVD's [T, 4, h, w]: each chunk its own clip, as the
             # original decodes ``decoding_t`` frames at a time

@@ -1,7 +1,8 @@
 """What travels on a ``VAE`` socket, both ways.
 
 ``VAEKitVAE`` wraps our handle with the calls core nodes make (VAE Decode/Encode and their tiled
-versions, Set Latent Noise Mask helpers...), so core nodes accept our VAE. ``as_engine`` turns
+versions, Set Latent Noise Mask helpers...) and the attributes they read and set, its ``patcher`` included
+(core's patcher contract: nodes/patcher.py), so core nodes accept our VAE. ``as_engine`` turns
 whatever arrives on a socket (ours, or a core ``comfy.sd.VAE``) into something our nodes can tile."""
 from __future__ import annotations
 
@@ -13,20 +14,86 @@ import torch
 
 from ..vae import VAE, checks, from_state_dict
 from ..vae.engine import tiling
-from ..vae.errors import InputError, VAEKitError
-from ..vae.handle import MODES, check_divisible
+from ..vae.errors import VAEKitError
+from ..vae.handle import check_divisible
 from . import _comfy
+from . import patcher as patching
 from .convert import bchw_to_image, center_crop_to_multiple, image_to_bchw, images_to_clips
 
 
 class VAEKitVAE:
+    # core's VAE reads it to load the weights whole: plain torch layers are never partly loaded
+    disable_offload = True
+
     def __init__(self, handle: VAE):
         self.handle = handle
+        self._patcher = None          # the patcher set on this socket object (core nodes set and clone it)
+        self._output_device = None
 
-    # -- attributes core reads --
+    # -- core's patcher contract (nodes/patcher.py): the model, its patcher, devices, dtype, size --
+    @property
+    def patcher(self):
+        """Core's ``vae.patcher``: a ModelPatcher around ``first_stage_model`` inside ComfyUI (the memory
+        manager loads it, nodes clone and patch it), else VAEKit's stand-in with the same reads."""
+        return self._patcher if self._patcher is not None else _comfy.patcher_for(self.handle)
+
+    @patcher.setter
+    def patcher(self, value) -> None:
+        value = patching.checked(value)
+        self.handle = patching.rebind(self.handle, value.model)      # a fresh copy (Select VAE Device's)
+        self._patcher = value
+
     @property
     def first_stage_model(self):
         return self.handle.model
+
+    @first_stage_model.setter
+    def first_stage_model(self, model) -> None:
+        if model is self.handle.model:       # vae.first_stage_model = vae.first_stage_model.to(...)
+            return
+        self.handle = patching.rebind(self.handle, model)
+        if self._patcher is not None and self._patcher.model is not model:
+            self._patcher = patching.new(self.handle, self._patcher.load_device, self._patcher.offload_device)
+
+    @property
+    def device(self) -> torch.device:
+        """Core's ``vae.device``: where the VAE computes, its patcher's load device."""
+        return torch.device(self.patcher.load_device)
+
+    @device.setter
+    def device(self, value) -> None:
+        """A node that sets ``vae.device`` (with or without the patcher's) means the VAE to run there: its
+        patcher loads the weights there (core's memory manager moves them before each call)."""
+        self.patcher.load_device = checks.device(value, "vae.device")
+
+    @property
+    def output_device(self) -> torch.device:
+        return self._output_device or _comfy.intermediate_device()
+
+    @output_device.setter
+    def output_device(self, value) -> None:
+        self._output_device = checks.device(value, "vae.output_device")
+
+    @property
+    def vae_dtype(self) -> torch.dtype:
+        return self.handle.dtype
+
+    @vae_dtype.setter
+    def vae_dtype(self, value) -> None:
+        """Our VAE computes in its weights' dtype: setting core's ``vae_dtype`` converts them."""
+        self.handle.to(dtype=checks.dtype(value, "vae.vae_dtype"))
+
+    def model_size(self) -> int:
+        return self.patcher.model_size()
+
+    def is_dynamic(self) -> bool:
+        return False
+
+    def _prepare(self, op: str, shape, **plan) -> None:
+        """Before each call: this socket's patcher (a node may have set or retargeted it) loads the weights."""
+        if self._patcher is not None:
+            _comfy.bind(self.handle, self._patcher)
+        _comfy.prepare(self.handle, op, shape, **plan)
 
     @property
     def latent_channels(self) -> int:
@@ -62,10 +129,6 @@ class VAEKitVAE:
     @property
     def output_channels(self) -> int:
         return self.handle.caps.image_channels
-
-    @property
-    def vae_dtype(self) -> torch.dtype:
-        return self.handle.dtype
 
     def spacial_compression_decode(self) -> int:
         return self.handle.caps.spatial_ratio_packed
@@ -116,34 +179,34 @@ class VAEKitVAE:
         return images_to_clips(x, self.handle.caps.temporal_ratio, one_clip=not not_video, engine=self.handle)
 
     def decode(self, samples: torch.Tensor, vae_options: Optional[dict] = None) -> torch.Tensor:
-        _comfy.prepare(self.handle, "decode", samples.shape)
+        self._prepare("decode", samples.shape)
         return self._out(self.handle.decode(samples, progress=_comfy.progress_callback(),
-                                            out_device=_comfy.intermediate_device(), **(vae_options or {})), samples)
+                                            out_device=self.output_device, **(vae_options or {})), samples)
 
     def decode_tiled(self, samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         r = self.spacial_compression_decode()
         rt = self.handle.caps.temporal_ratio or 1
         tile = (int(tile_y or 64) * r, int(tile_x or 64) * r)
         frames = self.handle.temporal_tile(int(tile_t) * rt if tile_t else None)
-        _comfy.prepare(self.handle, "decode", samples.shape, tile=tile, tile_frames=frames)
+        self._prepare("decode", samples.shape, tile=tile, tile_frames=frames)
         return self._out(self.handle.decode(samples, tile=tile, overlap=int(overlap or 16) * r,
                                             tile_frames=frames,
                                             overlap_frames=int(overlap_t or 1) * rt,
                                             progress=_comfy.progress_callback(),
-                                            out_device=_comfy.intermediate_device()), samples)
+                                            out_device=self.output_device), samples)
 
     def encode(self, pixels: torch.Tensor, not_video: Optional[bool] = None) -> torch.Tensor:
         x = self._clip(pixels, not_video)
-        _comfy.prepare(self.handle, "encode", x.shape)
-        return self.handle.encode(x, progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
+        self._prepare("encode", x.shape)
+        return self.handle.encode(x, progress=_comfy.progress_callback(), out_device=self.output_device)
 
     def encode_tiled(self, pixels, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None,
                      not_video: Optional[bool] = None):
         x, tile, frames = self._clip(pixels, not_video), (int(tile_y or 512), int(tile_x or 512)), self.handle.temporal_tile(tile_t)
-        _comfy.prepare(self.handle, "encode", x.shape, tile=tile, tile_frames=frames)
+        self._prepare("encode", x.shape, tile=tile, tile_frames=frames)
         return self.handle.encode(x, tile=tile, overlap=int(overlap or 64), tile_frames=frames,
                                   overlap_frames=overlap_t,
-                                  progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
+                                  progress=_comfy.progress_callback(), out_device=self.output_device)
 
 
 class CoreVAEEngine:
@@ -173,9 +236,7 @@ class CoreVAEEngine:
         return ((1, 1, 1), (tiling.Frames(self.frames), r, r)) if self.is_video else ((1, 1), (r, r))
 
     def _fast_only(self, mode: str) -> None:
-        if mode not in MODES:
-            raise InputError(f"unknown tiling mode {mode!r}.", input="mode", fix=f"use one of {', '.join(MODES)}.")
-        if mode != "fast":      # exact is the nodes' default: say what runs instead
+        if checks.mode(mode) != "fast":      # exact is the nodes' default: say what runs instead
             _comfy.log.warning("VAEKit: exact tiles need a VAE VAEKit implements; %s is tiled through its own "
                                "calls with blended (fast) tiles", self.name)
 
@@ -238,6 +299,8 @@ def as_engine(vae, node: str):
     layout, placed like a VAE from our loader) or, if we do not implement its architecture, tiled
     through its own calls."""
     if isinstance(vae, VAEKitVAE):
+        if vae._patcher is not None:      # our nodes' calls load through the socket's own patcher too
+            _comfy.bind(vae.handle, vae._patcher)
         return vae.handle
     if isinstance(vae, VAE):
         return vae

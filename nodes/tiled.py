@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..vae import checks
 from ..vae.errors import InputError
 from . import _comfy
 from .base import CATEGORY, names_node
@@ -84,7 +85,7 @@ _BUDGET = ("FLOAT", {"default": 0.0, "min": 0.0, "max": 4096.0, "step": 0.25, "a
 _TILING = {"tile_size": _TILE, "overlap": _OVERLAP, "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP}
 # the library's argument -> this node's input, for error messages
 _TILING_INPUTS = {"tile": "tile_size", "overlap": "overlap", "tile_frames": "temporal_size",
-                  "overlap_frames": "temporal_overlap"}
+                  "overlap_frames": "temporal_overlap", "budget": "max_memory"}
 
 
 class VAEKitTiledDecode:
@@ -121,8 +122,8 @@ class VAEKitTiledDecode:
         frames = _temporal_tile(engine, temporal_size)
         need = _prepare(engine, "decode", z.shape, tile=tile_size, overlap=overlap, tile_frames=frames, mode=mode)
         images = _call(engine, devices, "decode", z, tile=tile_size, overlap=overlap, tile_frames=frames,
-                       overlap_frames=temporal_overlap, timestep=decode_timestep, noise_scale=decode_noise_scale,
-                       seed=seed, mode=mode, **_budget(engine, max_memory, need))
+                       overlap_frames=temporal_overlap, mode=mode, **_budget(engine, max_memory, need),
+                       **_model_options(engine, timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed))
         return (frames_to_image(images),)
 
 
@@ -179,6 +180,12 @@ def _call(engine, devices: str, op: str, x: torch.Tensor, **kw) -> torch.Tensor:
     return pool.run(engine, op, x, **common, **kw)
 
 
+def _model_options(engine, **given) -> dict:
+    """Of the node's model inputs (LTX's decode timestep and noise, a seed), those the VAE's model takes:
+    the library refuses keywords a model does not take; a core VAE tiled through its own calls takes none."""
+    return engine.decode_options(given) if hasattr(engine, "decode_options") else {}
+
+
 def _latent_tensor(samples) -> torch.Tensor:
     if not isinstance(samples, dict) or not torch.is_tensor(samples.get("samples")):
         raise InputError("expected a LATENT (a dict with a 'samples' tensor).", input="samples",
@@ -209,14 +216,13 @@ def _prepare(engine, op: str = None, shape=None, **plan):
 
 
 def _budget(engine, gb: float, need) -> dict:
-    """The ``budget`` keyword for our VAE's call (vae/engine/budget.py), from the node's ``max_memory``."""
-    if not isinstance(gb, (int, float)) or isinstance(gb, bool) or not gb >= 0:
-        raise InputError(f"max_memory is {gb!r}.", input="max_memory",
-                         fix="give a budget in GB (e.g. 4), or 0 for what ComfyUI says is free.")
+    """The ``budget`` keyword for our VAE's call (vae/engine/budget.py), from the node's ``max_memory``
+    (GB, 2^30 bytes; 0: what ComfyUI says is free), read by the library's one parser (vae/checks.py)."""
+    size = checks.budget(gb, "max_memory", numbers_in_gb=True, zero=True)
     if not hasattr(engine, "model"):        # a core VAE we tile through its own calls: no planner
         if gb:
             _comfy.log.warning("VAEKit: max_memory applies to VAEs VAEKit implements; %s runs as asked",
                                getattr(engine, "name", "this VAE"))
         return {}
-    b = _comfy.budget(gb, engine, need)
+    b = _comfy.budget(size, engine, need)
     return {"budget": b} if b else {}

@@ -12,6 +12,21 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("VAEKIT_TAEF2_DIR") or ROOT.parent / "shared" / "data")
 
 
+# a real ComfyUI to run a bench/comfyui_checks script in (skipped without one)
+IN_COMFYUI = pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
+                                reason="set COMFYUI_DIR and COMFYUI_PYTHON to run this against a real ComfyUI")
+
+
+def run_in_comfyui(script: str) -> str:
+    """``bench/comfyui_checks/<script>`` under ComfyUI's python; its output, asserting it exits 0."""
+    import subprocess
+    proc = subprocess.run([os.environ["COMFYUI_PYTHON"], str(ROOT / "bench" / "comfyui_checks" / script)],
+                          capture_output=True, text=True, timeout=600, cwd=os.environ["COMFYUI_DIR"])
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    return proc.stdout
+
+
 def load_pack():
     """Import the repo root as the package 'vaekit', as ComfyUI imports a custom node folder; its
     library is this ``vae`` (one copy, one set of classes: vae/cli/pack.py)."""

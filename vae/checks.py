@@ -11,14 +11,27 @@ Decisions (README, Reliability):
 - Tiles under 64 px (the nodes' widget minimum) are refused when they would cut the image into more
   than 64 tiles: there a tile's fixed cost and its overlap dominate (SD-shape VAE at 256x256 px, CPU:
   32 px tiles 3.2x, 16 px 15x the untiled time). Fewer small tiles (small images, tests) run, with a
-  note in the log. Negative and fractional sizes are refused; 0 / None mean untiled. Negative sizes are
-  refused; 0 / None mean untiled."""
+  note in the log. Negative and fractional sizes are refused; 0 / None mean untiled.
+- A memory budget is one parser (``budget``) wherever it enters: the library's ``budget``, the CLI's
+  ``--max-memory``, the nodes' ``max_memory``. A GB is 2^30 bytes throughout (ComfyUI's and the
+  nodes' unit; "GiB" is read as the same, "MB" as 2^20): bytes as an int, GB as a float (every number,
+  for the nodes' GB widget), or a string with an optional unit ("4", "4GB", "4 GB", "512MB", "1.5GiB").
+  Negative, NaN, infinite and unreadable values are refused, and so are sizes under 1 KiB, which no
+  VAE call fits (``budget=4``, 4 bytes, is most likely meant as 4 GB: the error says so). 0 means
+  "no budget of my own" only where the caller gives it that meaning (the nodes: what ComfyUI says is
+  free); the library and the CLI refuse it (a budget that fits nothing), None means no budget.
+- ``call``: the one check of VAE.decode / VAE.encode's keywords where they enter: an unknown keyword is
+  a TypeError that names it and lists the valid ones (the model's own options included), and tile,
+  overlap, tile_frames, overlap_frames, mode, budget, offload and out_device are checked here, before
+  any work, each with an InputError naming it."""
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import numbers
-from typing import Sequence
+import re
+from typing import Mapping, Optional, Sequence
 
 import torch
 
@@ -132,11 +145,19 @@ def _size(v, input: str, unit: str) -> int:
     return int(v)
 
 
+def _tile_sizes(tile) -> tuple[int, ...]:
+    given = tile if isinstance(tile, (tuple, list)) else (tile,)
+    if not 1 <= len(given) <= 2:
+        raise InputError(f"{tuple(given)!r} has {len(given)} sizes; a tile is one size or (height, width) in pixels.",
+                         input="tile", fix="give one size (e.g. 512) or two (e.g. (512, 768)).")
+    return tuple(_size(t, "tile", "pixels") for t in given)
+
+
 def tiles(tile, overlap, ratio: int, latent_shape: Sequence[int] = ()) -> tuple[object, int]:
     """Spatial tile size(s) and overlap in pixels, checked; returns them as ints (tile: one int or a
     tuple per axis, as given). ``latent_shape``: the grid to tile, to count the tiles."""
     overlap = _size(overlap, "overlap", "pixels")
-    sizes = tuple(_size(t, "tile", "pixels") for t in (tile if isinstance(tile, (tuple, list)) else (tile,)))
+    sizes = _tile_sizes(tile)
     per_axis = sizes * len(latent_shape) if len(sizes) == 1 else sizes
     small = [t for t in per_axis if 0 < t < MIN_TILE_PX]
     if small:
@@ -189,12 +210,112 @@ def device(d, input: str = "device"):
                          fix="use 'cpu', 'cuda' (or 'cuda:N'), or 'mps'.") from None
     if dev.type == "cuda":
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not have:
+            raise InputError(f"{d!r}: CUDA is not available here (this PyTorch sees no CUDA device: a CPU-only build, "
+                             "or no driver).", input=input, fix="pass 'cpu', or leave it out for the default.")
         if (dev.index or 0) >= have:
             raise InputError(f"{dev} is not on this machine: it has {have} CUDA device(s).", input=input,
-                             fix="use 'cpu'" + (f" or cuda:0 .. cuda:{have - 1}." if have else " (this PyTorch sees "
-                                                "no CUDA device; a CPU-only build, or no driver)."))
+                             fix=f"use cuda:0 .. cuda:{have - 1}, or 'cpu'.")
     elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
         raise InputError("MPS (Apple GPU) is not available on this machine.", input=input, fix="use 'cpu'.")
     elif dev.type == "meta":
         raise InputError("the meta device holds no data; a VAE cannot run there.", input=input, fix="use 'cpu' or a GPU.")
     return dev
+
+
+# ---- memory budgets ----------------------------------------------------------------------------
+
+GB = 1 << 30                      # a GB of memory here: 2^30 bytes, as ComfyUI's and the nodes' max_memory
+MIN_BUDGET = 1 << 10              # no VAE call fits in less (and an int under it is most likely meant as GB)
+UNITS = {"": GB, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": GB, "GB": GB,
+         "T": 1 << 40, "TB": 1 << 40}
+_SIZE = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|[-+]?(?:nan|inf|infinity))\s*([a-z]*)\s*$",
+                   re.IGNORECASE)
+_FORMS = ("bytes as an int (e.g. 4 << 30), GB as a float (4.0), or a string: '4GB', '4 GB', '512MB', '1.5GiB' "
+          "(a GB is 2^30 bytes)")
+_TEXT_FORMS = "a size: '4' (GB), '4GB', '4 GB', '1.5GiB' or '512MB' (a GB is 2^30 bytes)"
+
+
+def budget(value, input: str = "budget", *, numbers_in_gb: bool = False, zero: bool = False) -> Optional[int]:
+    """A memory budget in bytes, from what a user gives (see the module's notes); None for None, and 0 for
+    0 where ``zero`` allows it (the caller's "none of my own"). ``numbers_in_gb``: every number is GB (the
+    nodes' widget), else an int is bytes and a float GB (the library)."""
+    if value is None:
+        return None
+    forms = "GB, e.g. 4 or 0.5" if numbers_in_gb else _TEXT_FORMS if isinstance(value, str) else _FORMS
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        unit = m and m[2].upper().replace("IB", "B")
+        if not m or unit not in UNITS:
+            raise InputError(f"{value!r} is not a memory size.", input=input, fix=f"give {forms}.")
+        size = float(m[1]) * UNITS[unit]
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        in_bytes = isinstance(value, numbers.Integral) and not numbers_in_gb
+        size = float(value) * (1 if in_bytes else GB)
+    else:
+        raise InputError(f"{value!r} (a {type(value).__name__}) is not a memory size.", input=input,
+                         fix=f"give {forms}.")
+    if not math.isfinite(size):
+        raise InputError(f"a memory budget of {value!r} is not a size.", input=input, fix=f"give {forms}.")
+    if size < 0:
+        raise InputError(f"a memory budget of {value!r} is negative.", input=input, fix=f"give {forms}.")
+    if size == 0:
+        if zero:
+            return 0
+        raise InputError(f"a memory budget of {value!r} fits nothing.", input=input,
+                         fix="give a size, e.g. 4 GB, or no budget at all (None in the library; on the command "
+                             "line, leave the option out).")
+    if size < MIN_BUDGET:
+        meant = (f" An int is bytes: for {value} GB pass {float(value)} or '{value}GB'."
+                 if isinstance(value, numbers.Integral) and not numbers_in_gb else "")
+        raise InputError(f"a memory budget of {value!r} is {int(size)} bytes, under 1 KiB: no VAE call fits in that."
+                         + meant, input=input, fix=f"give {forms}.")
+    return int(size)
+
+
+# ---- the keywords of VAE.decode / VAE.encode ---------------------------------------------------
+
+MODES = ("fast", "exact")
+CALL_KEYWORDS = ("tile", "overlap", "progress", "out_device", "tile_frames", "overlap_frames", "mode", "budget",
+                 "offload")
+
+
+def mode(m, input: str = "mode") -> str:
+    if not isinstance(m, str) or m not in MODES:
+        raise InputError(f"unknown tiling mode {m!r}.", input=input, fix=f"use one of {', '.join(MODES)}.")
+    return m
+
+
+_mode, _budget = mode, budget          # by other names: call's keywords are named as VAE.decode's
+
+
+def keywords(op: str, given: Mapping, options: Sequence[str]) -> None:
+    """A keyword that neither the call nor the model takes is a TypeError (as Python's own for a wrong
+    keyword) naming it, the nearest valid one and all valid ones (the model's options apart)."""
+    unknown = [k for k in given if k not in options]
+    if not unknown:
+        return
+    valid = list(CALL_KEYWORDS) + list(options)
+    near = difflib.get_close_matches(unknown[0], valid, n=1)
+    hint = f" (did you mean '{near[0]}'?)" if near else ""
+    own = (f"; this model's own {op} options: {', '.join(options)}" if options else
+           f"; this model takes no {op} options of its own")
+    raise TypeError(f"VAE.{op}() got an unexpected keyword argument '{unknown[0]}'{hint}. It takes: "
+                    f"{', '.join(CALL_KEYWORDS)}{own}.")
+
+
+def call(op: str, given: Mapping, options: Sequence[str], *, tile=None, overlap=None, tile_frames=None,
+         overlap_frames=None, mode: str = "fast", budget=None, offload=None, out_device=None) -> dict:
+    """The keywords of one VAE.decode / VAE.encode, checked where they enter (see the module's notes);
+    returns the call's own ones normalised (tile sizes as ints, the budget in bytes, devices as
+    ``torch.device``)."""
+    keywords(op, given, options)
+    checked_mode = _mode(mode)
+    sizes = _tile_sizes(tile) if tile is not None else None
+    return dict(tile=(sizes if isinstance(tile, (tuple, list)) else sizes[0]) if sizes is not None else None,
+                overlap=_size(overlap, "overlap", "pixels") if overlap is not None else None,
+                tile_frames=_size(tile_frames, "tile_frames", "frames") if tile_frames is not None else None,
+                overlap_frames=_size(overlap_frames, "overlap_frames", "frames") if overlap_frames is not None
+                else None,
+                mode=checked_mode, budget=_budget(budget), offload=device(offload, "offload"),
+                out_device=device(out_device, "out_device"))

@@ -15,8 +15,16 @@ compiled together with the decoder):
 - Sizes: see ``crop_to_multiple`` (the one rule for sides that are not multiples of the compression).
 - Streamed (frame-wise) chunks run compiled: each stream's caches stay in its own run state, read
   eagerly at graph breaks around the stateful modules (vae/run.py), so a model that always streams
-  (Wan) is compiled too, in pieces between its causal convs. Exact-mode tiles run the eager model: a
-  tile pauses inside the model at every sync point.
+  (Wan) is compiled too, in pieces between its causal convs.
+- Exact tiles pause inside the model (at re-cut points, whole-tensor modules, GroupNorms), so the
+  model's call runs eagerly and what lies between two pauses is compiled: every seam module's own
+  forward on a tile (vae/run.py ``Body``: residual blocks, resamplers, transformer blocks) through a
+  ``torch.compile`` of a function that takes the module (``_Pieces``), static shapes. Tiles that run
+  one after the other (vae/engine/stages.py) use it, with every tile of one shape (edge tiles moved
+  inward, halos recomputed rather than shared: ``Tile.width``), so each module sees one input shape per
+  kind of chunk and another image size with the same tile builds no graph. Eager: tiles that meet at
+  every GroupNorm (rounds), whole-tensor modules on the assembled map (its shape is the image's), and
+  layers outside seam modules (a network's head; chains of plain convolutions, as TAESD's).
 - Graphs are counted per half (``graph_count``) from dynamo's own counter, around this handle's calls.
 - A half the backend fails to compile is retried with static shapes (inductor 2.13 cannot lower some
   3-D convs with symbolic sizes), then, failing again, runs eagerly from then on, with a warning
@@ -25,6 +33,7 @@ compiled together with the decoder):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import logging
 from dataclasses import dataclass
@@ -145,6 +154,64 @@ class _Compiled:
             return self.eager(x, *args, **kwargs)
 
 
+def _call_module(module: nn.Module, x: torch.Tensor, *args, **kwargs):
+    return module(x, *args, **kwargs)
+
+
+# graphs one half's exact pieces may build (module kinds x tile shapes x chunk kinds, plus graph breaks
+# at causal convs); past it dynamo runs the new shapes eagerly
+PIECE_GRAPHS = 512
+
+
+class _Pieces:
+    """One half's exact-tile pieces: ``self(module, x, *args)`` calls a seam module through a compiled
+    function that takes the module, counting the graphs built; a backend failure falls back to eager
+    calls for good (``failed``: why), as ``_Compiled`` does.
+
+    Modules of one class and width share a graph (one compiled function), except in a stream: there a
+    module reads its causal cache from the stream's memory, keyed by the module, at a graph break, and a
+    graph shared across modules would read another module's cache (measured: Wan's tiny decoder, 0.48
+    off). So in a stream each module has its compiled function of its own."""
+
+    def __init__(self, kwargs: dict):
+        self.kwargs = {**kwargs, "dynamic": False}
+        if "recompile_limit" in inspect.signature(torch.compile).parameters:
+            self.kwargs["recompile_limit"] = PIECE_GRAPHS
+        self.fn = torch.compile(_call_module, **self.kwargs)
+        self.own: dict[nn.Module, object] = {}       # streams: one compiled function per module
+        self.graphs = 0
+        self.failed = ""
+
+    def _fn(self, module: nn.Module, streaming: bool):
+        if not streaming:
+            return self.fn
+        if module not in self.own:
+            self.own[module] = torch.compile(_call_module, **self.kwargs)
+        return self.own[module]
+
+    def __deepcopy__(self, memo):
+        return self          # shared by copies of the handle's model: it holds no module
+
+    def __call__(self, module: nn.Module, x: torch.Tensor, *args, **kwargs):
+        if self.failed:
+            return module(x, *args, **kwargs)
+        before = _graphs_built()
+        now = run.current()
+        # inside, the module is called as usual (its own seams do not pause again, also where dynamo
+        # runs a frame eagerly at a graph break); where the tile lies stays known (vae/nn/noise.py)
+        plain = dataclasses.replace(now, exact=None, place=now.exact if now.exact is not None else now.place)
+        try:
+            with run.using(plain):
+                return self._fn(module, now.memory is not None)(module, x, *args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            self.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            log.warning("VAEKit: torch.compile could not compile an exact tile's %s (%s); exact tiles run "
+                        "eagerly from now on", type(module).__name__, self.failed)
+            return module(x, *args, **kwargs)
+        finally:
+            self.graphs += _graphs_built() - before
+
+
 def _clone(model: nn.Module) -> nn.Module:
     """A new, eager module tree over the same storage: new Parameter objects (so ``.to()`` on one tree
     never moves the other's), the same buffer tensors (``.to()`` replaces buffers, never mutates them)."""
@@ -156,16 +223,26 @@ class CompiledVAE(VAE):
     else (checks, tiling, streaming, the NaN guard) is the plain handle's."""
 
     report: CompileReport
+    pieces: dict = {}       # half -> its exact tiles' compiled pieces (``_Pieces``); set by compile_vae
 
     def graph_count(self, half: Optional[str] = None) -> int:
-        """Graphs dynamo built for this handle so far: ``half`` "encode" / "decode", or both."""
+        """Graphs dynamo built for this handle so far: ``half`` "encode" / "decode", or both (whole
+        calls and exact tiles' pieces)."""
         halves = (half,) if half else HALVES
-        return sum(c.graphs for c in self._compiled(halves))
+        return sum(c.graphs for c in self._compiled(halves)) + sum(self.pieces[h].graphs for h in halves
+                                                                   if h in self.pieces)
+
+    def _exact_body(self, decode: bool, model: nn.Module):
+        pieces = self.pieces.get("decode" if decode else "encode")
+        return pieces if model is self.model else None      # the NaN guard's upcast copy runs eagerly
 
     def fallbacks(self) -> dict[str, str]:
-        """Halves the backend failed to compile (they run eagerly), with the error."""
-        return {h: c.failed for h, c in zip(HALVES, (vars(self.model).get(h) for h in HALVES))
-                if isinstance(c, _Compiled) and c.failed}
+        """Halves the backend failed to compile (they run eagerly), with the error; "<half> exact
+        tiles" for exact tiles' pieces."""
+        out = {h: c.failed for h, c in zip(HALVES, (vars(self.model).get(h) for h in HALVES))
+               if isinstance(c, _Compiled) and c.failed}
+        out.update({f"{h} exact tiles": p.failed for h, p in self.pieces.items() if p.failed})
+        return out
 
     def _compiled(self, halves=HALVES) -> list[_Compiled]:
         return [f for f in (vars(self.model).get(h) for h in halves) if isinstance(f, _Compiled)]
@@ -217,6 +294,7 @@ def compile_vae(vae: VAE, encoder: bool = True, decoder: bool = True, backend: s
     kwargs = _compile_kwargs(backend, mode, DYNAMIC[dyn])
     for h in halves:
         setattr(model, h, _Compiled(getattr(model, h), kwargs, model, auto_dynamic=dyn == "auto"))
+    new.pieces = {h: _Pieces(kwargs) for h in halves}
     done = " and ".join({"encode": "encoder", "decode": "decoder"}[h] for h in halves) or "nothing"
     msg = (f"compiled {done} with {backend}" + (f" ({mode})" if kwargs.get("mode") else "")
            + f", dynamic {dyn}; graphs are built on the first encode/decode")

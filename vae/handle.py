@@ -20,6 +20,7 @@ from .spec import ArchSpec, Capabilities
 log = logging.getLogger("VAEKit")
 DeviceLike = Union[str, torch.device, None]
 Tile = Union[int, tuple[int, int], None]
+Budget = Union[int, float, str, None]        # bytes, GB, or '4GB' / '512MB' (vae/checks.py: budget)
 
 def channel_hint(channels: int, rank: int) -> str:
     """The models whose latents have ``channels`` channels at this rank (the families declare them)."""
@@ -34,12 +35,7 @@ def check_divisible(h: int, w: int, r: int, what: str, input: str = "pixels") ->
                          fix=f"crop or resize to {w // r * r}x{h // r * r} (e.g. core 'ImageCrop' or 'Upscale Image') first.")
 
 
-MODES = ("fast", "exact")
-
-
-def _check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise InputError(f"unknown tiling mode {mode!r}.", input="mode", fix=f"use one of {', '.join(MODES)}.")
+MODES = checks.MODES
 
 
 class VAE:
@@ -191,18 +187,33 @@ class VAE:
                              input=input)
         x = x[:, : caps.image_channels]
         check_divisible(*x.shape[-2:], caps.spatial_ratio_packed, self.name, input)
-        if self.is_video and caps.own_tiling is None:       # a model with its own clips pads them itself
-            r, t = caps.temporal_ratio, x.shape[2]
-            if (t - 1) % r:
-                lo = (t - 1) // r * r + 1
-                raise InputError(f"the clip has {t} frames; {self.name} encodes 1 + {r}*k frames "
-                                 f"(one first frame, then groups of {r}).", input=input,
-                                 fix=f"use {lo} frames (drop the last {t - lo}) or {lo + r} "
-                                     f"(e.g. core 'ImageFromBatch' / 'RepeatImageBatch').")
+        if self.is_video:
+            x = x[:, :, : self._fit_frames(x.shape[2], input)]
         if not torch.isfinite(x).all():
             raise InputError("the image contains NaN/Inf values.", input=input,
                              fix="check the node that produced the image.")
         return x
+
+    def _fit_frames(self, t: int, input: str) -> int:
+        """Of a clip of ``t`` frames, how many an encode takes (``clip_frames``: 1 + r*k by the temporal
+        compression the family declares; a model with its own clips pads them and takes all). The rest
+        is dropped from the end, as ComfyUI core's VAE Encode does, with a warning naming the counts
+        that fit."""
+        keep = self.clip_frames(t)
+        if keep != t:
+            r = self.caps.temporal_ratio
+            log.warning("VAEKit: %s: the clip has %d frames; %s encodes 1 + %d*k frames (a first frame, then groups "
+                        "of %d): the first %d are encoded and the last %d dropped, as ComfyUI core does. %d or %d "
+                        "frames fit.", input, t, self.name, r, r, keep, t - keep, keep, keep + r)
+        return keep
+
+    def _checked(self, op: str, options: dict, *given) -> tuple:
+        """The call's keywords through the one check where they enter (vae/checks.py: call), in the order
+        decode/encode name them: tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device."""
+        names = ("tile", "overlap", "tile_frames", "overlap_frames", "mode", "budget", "offload", "out_device")
+        own = self.caps.decode_options if op == "decode" else self.caps.encode_options
+        checked = checks.call(op, options, own, **dict(zip(names, given)))
+        return tuple(checked[n] for n in names)
 
     # ---- engines -------------------------------------------------------------------------------
     def _plans(self, grid: tuple[int, ...], tile: Tile, overlap: Optional[int], tile_frames: Optional[int],
@@ -235,30 +246,34 @@ class VAE:
             return (y.float() - lo) / (hi - lo)
         return fn
 
-    def encode_fn(self) -> Callable[..., torch.Tensor]:
-        """The encode of one tile: ``fn(pixels in 0..1, model=None)`` -> latent (float32)."""
+    def encode_fn(self, **options) -> Callable[..., torch.Tensor]:
+        """The encode of one tile: ``fn(pixels in 0..1, model=None)`` -> latent (float32); ``options``: the
+        model's own encode inputs (``encode_options``)."""
         lo, hi = self.caps.value_range
+        opts = {k: v for k, v in options.items() if k in self.caps.encode_options and v is not None}
 
         def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
             model = self.model if model is None else model
-            return model.encode(self._model_input(t, model) * (hi - lo) + lo).float()
+            return model.encode(self._model_input(t, model) * (hi - lo) + lo, **opts).float()
         return fn
 
     def decode(self, z: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
-               mode: str = "fast", budget: Optional[int] = None, offload: DeviceLike = None,
+               mode: str = "fast", budget: Budget = None, offload: DeviceLike = None,
                **options) -> torch.Tensor:
         """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]; SVD's one
         clip [T, C, h, w] -> [T, C, H, W]) in 0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
         ``overlap_frames`` in pixel frames; ``options`` are model decode inputs (see decode_options).
         ``mode``: "fast" (independent tiles, blended) or "exact" (the untiled result; see vae/engine/exact.py).
-        ``budget``: bytes the call may use on the device; the planner (vae/engine/budget.py) then picks the
+        ``budget``: what the call may use on the device: bytes (int), GB (float), or '4GB' / '512MB' (a GB is
+        2^30 bytes; vae/checks.py: budget); the planner (vae/engine/budget.py) then picks the
         largest tile (at most ``tile``) and chunk that fit, or raises naming the smallest budget that
         works. ``offload``: where exact mode keeps its maps between stages (default ``out_device``)."""
+        tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device = self._checked(
+            "decode", options, tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device)
         _, frames_in_batch = self._as_clip(z)
         z = self.check_latent(z)
-        _check_mode(mode)
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
             return defined.decode(self, z, options, progress, out_device, budget, tile=tile, overlap=overlap,
                                   tile_frames=tile_frames, overlap_frames=overlap_frames)
@@ -303,13 +318,19 @@ class VAE:
         if route.engine == "exact":
             units = (1, r) if call.decode else (r, 1)
             return g.whole(lambda f, m: exact.run_exact(f, m, x, route.cores, *units, out_device, chunks=chunks,
-                                                        progress=progress, offload=offload and torch.device(offload)))
+                                                        progress=progress, offload=offload and torch.device(offload),
+                                                        body=self._exact_body(call.decode, m)))
         if route.engine == "streamed":
             ins, outs = chunks
             frames = self.frames_for(call.grid[0]) if call.decode else call.grid[0]
             return streaming.run_streamed(g.streamed(plans[1:], len(ins)), self.model, x, ins, outs, plans[1:],
                                           ins_u[1:], outs_u[1:], channels, frames, out_device, progress)
         return tiling.run_tiled(g.tiled(plans), x, plans, ins_u, outs_u, channels, out_device, progress=progress)
+
+    def _exact_body(self, decode: bool, model: torch.nn.Module) -> Optional[Callable]:
+        """How exact tiles call the seam modules of ``model`` between their pauses (vae/run.py ``Body``):
+        None, eagerly (a compiled handle: through its graphs)."""
+        return None
 
     def _planned(self, call: "Call", budget: Optional[int], out_device: DeviceLike, offload: DeviceLike,
                  run: Callable[["Call"], torch.Tensor]) -> torch.Tensor:
@@ -431,13 +452,16 @@ class VAE:
     def encode(self, x: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
-               mode: str = "fast", budget: Optional[int] = None, offload: DeviceLike = None) -> torch.Tensor:
+               mode: str = "fast", budget: Budget = None, offload: DeviceLike = None, **options) -> torch.Tensor:
         """Images [B, C, H, W] (video: clips [B, C, T, H, W]) in 0..1 -> LATENT tensor (packed the way
-        the model family's LATENTs are; SVD's one clip [T, C, H, W] -> [T, C, h, w]). ``mode``, ``budget``
-        and ``offload`` as for decode."""
+        the model family's LATENTs are; SVD's one clip [T, C, H, W] -> [T, C, h, w]). A clip whose frame
+        count does not fit the family's rule is encoded as core does (the frames past the last whole group
+        dropped) with a warning. ``mode``, ``budget``, ``offload`` and ``options`` (the model's own encode
+        inputs, if any) as for decode."""
+        tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device = self._checked(
+            "encode", options, tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device)
         _, frames_in_batch = self._as_clip(x)
         x = self.check_image(x)
-        _check_mode(mode)
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
             return defined.encode(self, x, progress, out_device, budget, tile=tile, overlap=overlap,
                                   tile_frames=tile_frames, overlap_frames=overlap_frames)
@@ -445,7 +469,7 @@ class VAE:
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:
             grid = ((x.shape[2] - 1) // self.caps.temporal_ratio + 1,) + grid
-        with torch.inference_mode(), guard.Guard(self, "encode", self.encode_fn()) as g:
+        with torch.inference_mode(), guard.Guard(self, "encode", self.encode_fn(**options)) as g:
             call = Call(False, x.shape, grid, tile, overlap, tile_frames, overlap_frames, mode)
             z = self._planned(call, budget, out_device, offload, lambda c: self._engine(
                 g, x, c, progress, out_device, offload))

@@ -195,6 +195,7 @@ def from_state_dict(sd: Mapping[str, torch.Tensor], name_hint: Optional[str] = N
     except LoadError as e:
         # a family that trips over a damaged part: name what is missing where the keys tell it
         raise loadcheck.damaged(source, spec.name, tracked or sd, []) or e from None
+    loadcheck.check_known(config, spec.known_configs, source, described)
     if missing or unexpected or reshaped:
         raise loadcheck.damaged(source, described, sd, missing, unexpected, reshaped, tracked.absent) or LoadError(
             f"{source} looks like {described} but does not match it: "

@@ -17,7 +17,8 @@ Compiled graphs (vae/compile.py): dynamo cannot trace ``ContextVar.get``. While 
 the process, a graph reads no run state (``current()`` is the idle run, so nothing breaks the graph).
 While one does, the state is read eagerly at a graph break (``_state``), so a streamed chunk through a
 compiled model still uses its own stream's caches: correct in every thread, with the graph split at the
-stateful modules. Exact runs are never compiled (their tiles pause inside the model).
+stateful modules. Exact tiles pause inside the model: their model call runs eagerly, and the seam
+modules' own forwards between the pauses (``Body``) run through the compiled handle's graphs.
 """
 from __future__ import annotations
 
@@ -123,13 +124,30 @@ class Streamable:
 class Seam:
     """Mixin for modules where exact tiling synchronises its tiles: class attribute ``exact_whole``
     (runs once on the assembled tensor, e.g. attention) or ``exact_boundary`` (a re-cut point). Outside
-    an exact run the module is called as usual."""
+    an exact run the module is called as usual; inside, the run's hooks get its ``Body``."""
 
     def __call__(self, x, *args, **kwargs):
-        exact = None if torch.compiler.is_compiling() else current().exact    # exact runs are eager
+        exact = None if torch.compiler.is_compiling() else current().exact    # in a graph: a plain call
         if exact is None:
             return super().__call__(x, *args, **kwargs)
-        return exact.seam(self, x, lambda y: super(Seam, self).__call__(y, *args, **kwargs))
+        return exact.seam(self, x, Body(self, args, kwargs))
+
+
+class Body:
+    """A seam module's own forward, its arguments besides the tensor bound: what an exact tile runs
+    between two pauses. Called, it runs eagerly; ``via(fn, x)`` runs it as ``fn(module, x, *args,
+    **kwargs)`` (a compiled graph: vae/compile.py), where the module is called as usual."""
+
+    __slots__ = ("module", "args", "kwargs")
+
+    def __init__(self, module: nn.Module, args: tuple, kwargs: dict):
+        self.module, self.args, self.kwargs = module, args, kwargs
+
+    def __call__(self, x):
+        return super(Seam, self.module).__call__(x, *self.args, **self.kwargs)
+
+    def via(self, fn, x):
+        return fn(self.module, x, *self.args, **self.kwargs)
 
 
 _SEAMED: dict[type, type] = {}

@@ -50,8 +50,10 @@ class Capabilities:
     default_overlap: int = 64         # pixels
     default_tile_frames: int = 64     # pixel frames (video)
     default_overlap_frames: int = 8   # pixel frames (video)
-    # extra keyword inputs model.decode() accepts, e.g. LTX 0.9.1+: ("timestep", "noise_scale", "seed")
+    # extra keyword inputs model.decode() / model.encode() accept, e.g. LTX 0.9.1+'s decode: ("timestep",
+    # "noise_scale", "seed"); VAE.decode / VAE.encode refuse any other keyword (vae/checks.py: call)
     decode_options: tuple[str, ...] = ()
+    encode_options: tuple[str, ...] = ()
     working_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
     # a model whose reference tiles as part of its definition (MiniMax H3): its tiles and chunks are
     # the result, so the engines run exactly those (vae/engine/defined.py) and take their frame rules
@@ -68,6 +70,20 @@ class Capabilities:
     @property
     def spatial_ratio_packed(self) -> int:
         return self.spatial_ratio * self.latent_pack
+
+
+@dataclass(frozen=True)
+class KnownConfigs:
+    """The published configurations of a family that has only a few, per part (a decoder-only file has
+    no encoder to compare). ``parts``: a name ("OpenAI's decoder") -> the configuration fields it fixes
+    (dotted paths into the config: ``decoder.blocks``). ``blocks``: the fields among them that count
+    blocks a file's keys decide (``count_indices``) -> (what they count, the key prefix of block ``{i}``).
+    A file whose configuration has every other field of a part but fewer of such blocks lost whole
+    blocks: its keys alone read as a smaller model that loads and computes something else, so it is
+    refused (vae/files/loadcheck.py: check_known). A configuration that differs elsewhere (a width, a
+    channel count) is another variant and is not judged."""
+    parts: Mapping[str, Mapping[str, Any]]
+    blocks: Mapping[str, tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,8 @@ class ArchSpec:
     # the models whose LATENTs this family decodes, by (channels, rank) (rank 4: image [B, C, h, w],
     # 5: video), for error messages that name the model a wrong latent came from
     latent_hints: tuple[tuple[int, int, str], ...] = ()
+    # the published configurations, where a family has only a few (see KnownConfigs)
+    known_configs: Optional[KnownConfigs] = None
 
 
 def describe(name: str, latent_channels: int, has_encoder: bool = True, has_decoder: bool = True,

@@ -22,6 +22,9 @@ loading (bench/harness/measure.py), so ``working MiB`` is peak RSS during the ca
 ``ours_exact`` (exact tiles of ``--tile`` px), ``ours_fast`` (fast tiles, overlap a quarter),
 ``core`` (VAE Decode), ``core_tiled`` (VAE Decode (Tiled) at the templates' 512/64 px, 64/16 frames).
 Nothing is asserted.
+
+``--profile``: where each run's time goes, the same sizes and runs: one call under ``torch.profiler``
+(CPU), the operators with the most self CPU time and their share of the call's.
 """
 from __future__ import annotations
 
@@ -178,7 +181,46 @@ def _decoder(a, d: Path):
 
 def memory_worker(a) -> None:
     d = Path(a.tmp)
+    if a.profile:
+        return profile_worker(a, d)
     measure_saved(a.threads, d / "latent.npy", lambda: _decoder(a, d), d / a.worker)
+
+
+def profile_worker(a, d: Path, top: int = 8) -> None:
+    """One call under the profiler: the operators with the most self CPU time, to ``<run>.json``."""
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.set_num_threads(a.threads)
+    z = torch.from_numpy(np.load(d / "latent.npy"))
+    _, fn = _decoder(a, d)
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(z)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    rows = [(e.key, e.count, e.self_cpu_time_total / 1e6) for e in
+            sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]]
+    (d / f"{a.worker}.json").write_text(json.dumps({"total_s": total / 1e6, "rows": rows}))
+
+
+def profile_runs(a, d: Path) -> None:
+    import numpy as np
+    t, h, w = a.frames, a.height // 32, a.width // 32
+    np.save(d / "latent.npy", np.random.default_rng(SEED).standard_normal((1, 128, t, h, w), dtype=np.float32))
+    print(f"LTX-2.5 diffusion VAE decode profile, latent 1x128x{t}x{h}x{w}, CPU, fp32, {a.threads} threads")
+    flags = ["--tmp", str(d), "--threads", str(a.threads), "--tile", str(a.tile), "--comfyui", a.comfyui or "",
+             "--profile", "1"]
+    for name in a.runs.split(","):
+        python = a.comfy_python if name.startswith("core") else sys.executable
+        proc = subprocess.run([python, str(Path(__file__).resolve()), "--worker", name, *flags],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            print(f"{name}: FAILED {(proc.stderr or proc.stdout).strip().splitlines()[-2:]}", flush=True)
+            continue
+        r = json.loads((d / f"{name}.json").read_text())
+        print(f"{name}: {r['total_s']:.1f} s of operators' self CPU time (profiler's clock)")
+        for key, count, sec in r["rows"]:
+            print(f"    {key:<40} {count:>7} calls {sec:>8.1f} s {100 * sec / r['total_s']:>5.1f} %", flush=True)
 
 
 def memory(a, d: Path) -> None:
@@ -207,6 +249,8 @@ def main() -> None:
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--tile", type=int, default=128, help="our spatial tile, pixels")
     p.add_argument("--runs", default=",".join(RUNS))
+    p.add_argument("--profile", type=int, default=0, nargs="?", const=1,
+                   help="where each run's time goes (operators' self CPU time) instead of memory and time")
     p.add_argument("--threads", type=int, default=2)
     worker_flags(p, tmp=str)
     a = p.parse_args()
@@ -224,7 +268,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cmp_ltxd_") as tmp:
         d = Path(tmp)
         write_weights(d)
-        if a.memory:
+        if a.profile:
+            profile_runs(a, d)
+        elif a.memory:
             memory(a, d)
         elif a.comfyui:
             parity(a, d)

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from vae import registry
-from vae.archs import (cogvideox, consistency, flux2, hunyuan_image, hunyuan_video, hunyuan_video15, kl, ltx_config,
+from vae.archs import (cogvideox, consistency, cosmos, flux2, hunyuan_image, hunyuan_video, hunyuan_video15, kl, ltx_config,
                        ltx_diffusion, mage, magvit, minimax, mochi, seedvr2, svd, taehv, tiny, wan)
 from vae.handle import VAE
 
@@ -124,6 +124,9 @@ TEST = {
                                          decoder_time=(1, 2, 2), act="relu", scale=1.0, shift=0.0,
                                          value_range=(0.0, 1.0), space="taeh3", space_source=_TAEHV_SOURCE)),
     "svd": ("svd", svd.SVDConfig(ch=32, ch_mult=(1, 1, 1, 1), num_res_blocks=2, z_channels=4, embed_dim=4)),
+    "cosmos": ("cosmos", cosmos.CosmosConfig(widths=(8, 16, 16), decoder_widths=(8, 16, 16), base=8, layers_per_block=1,
+                                             latent_channels=16, patch=4, resample_levels=1, statistics="published",
+                                             stat_frames=16)),
     "hunyuan_image": ("hunyuan_image", hunyuan_image.HunyuanImageConfig(
         widths=(32, 32, 64, 64, 128, 128), layers_per_block=1, latent_channels=64, dims=2,
         down=(_HI(32, False), _HI(64, False), _HI(64, False), _HI(128, False), _HI(128, False), None),

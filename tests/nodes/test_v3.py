@@ -3,12 +3,7 @@ from them inside a ComfyUI that has comfy_api.latest (checked against a real Com
 COMFYUI_DIR and COMFYUI_PYTHON name one)."""
 from __future__ import annotations
 
-import os
-import subprocess
-
-import pytest
-
-from helpers import ROOT
+from helpers import IN_COMFYUI, run_in_comfyui
 
 
 def test_without_comfyui_the_v1_classes_are_registered(pack):
@@ -18,11 +13,6 @@ def test_without_comfyui_the_v1_classes_are_registered(pack):
     assert pack.NODE_CLASS_MAPPINGS == v1
 
 
-@pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
-                    reason="set COMFYUI_DIR and COMFYUI_PYTHON to check the V3 nodes in a real ComfyUI")
+@IN_COMFYUI
 def test_v3_nodes_in_comfyui_match_their_v1_declarations():
-    proc = subprocess.run([os.environ["COMFYUI_PYTHON"], str(ROOT / "bench" / "comfyui_checks" / "check_v3.py")],
-                          capture_output=True, text=True, timeout=600, cwd=os.environ["COMFYUI_DIR"])
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert proc.stdout.count("same inputs and outputs as V1") == 5
+    assert run_in_comfyui("check_v3.py").count("same inputs and outputs as V1") == 5

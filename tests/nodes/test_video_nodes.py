@@ -56,8 +56,6 @@ def test_video_errors_name_node_input_and_fix(pack, video):
     dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
     with pytest.raises(Exception, match=r"Tiled Decode \(VAEKit\): input 'samples': .*video VAE.*Fix:"):
         dec.decode({"samples": torch.randn(1, 4, 8, 8)}, video)
-    with pytest.raises(Exception, match=r"the clip has 10 frames.*Fix: use 9"):      # the library is strict
-        video.handle.encode(torch.rand(1, 3, 10, 16, 16))
 
 
 def test_image_batches_are_cut_to_whole_frame_groups_as_core_does(pack, video, headless, caplog):
@@ -67,7 +65,9 @@ def test_image_batches_are_cut_to_whole_frame_groups_as_core_does(pack, video, h
     frames = torch.rand(12, 16, 16, 3)
     with caplog.at_level("WARNING", logger="VAEKit"):
         (latent,) = enc.encode(frames, video, tile_size=64, overlap=32, temporal_size=64, temporal_overlap=4)
-    assert latent["samples"].shape[2] == 3 and "the last 3 are dropped" in caplog.text
+    assert latent["samples"].shape[2] == 3                   # the library keeps core's rule and says so once
+    assert caplog.text.count("the clip has 12 frames") == 1 and "the last 3 dropped, as ComfyUI core does. 9 or " \
+        "13 frames fit" in caplog.text
     (nine,) = enc.encode(frames[:9], video, tile_size=64, overlap=32, temporal_size=64, temporal_overlap=4)
     assert torch.equal(latent["samples"], nine["samples"])
     (core,) = headless.VAEEncode().encode(frames, video)

@@ -105,3 +105,68 @@ def test_shape_mismatch_is_a_load_error_not_a_torch_error():
     sd["decoder.conv_out.weight"] = sd["decoder.conv_out.weight"][:, :16].contiguous()
     with pytest.raises(vae.LoadError, match=r"1 with another shape \('decoder.conv_out.weight' is \[3, 16, 3, 3\]"):
         vae.from_state_dict(sd)
+
+
+# ---- a published configuration with whole blocks missing (ArchSpec.known_configs) -------------------
+
+def _without(sd: dict, prefix: str) -> dict:
+    kept = {k: v for k, v in sd.items() if not k.startswith(prefix)}
+    assert len(kept) < len(sd)
+    return kept
+
+
+def _meta_state_dict(build) -> dict:
+    """A published model's keys and shapes, on the meta device (no data: nothing is allocated, and a file
+    that passes the configuration checks stops at the weight check instead, which says so)."""
+    with torch.device("meta"):
+        return build().state_dict()
+
+
+def _load_error(sd) -> str:
+    with pytest.raises(vae.LoadError) as e:
+        vae.from_state_dict(sd)
+    return str(e.value)
+
+
+def test_a_consistency_decoder_without_a_mid_block_resnet_is_refused():
+    """The published ConsistencyDecoder (diffusers' ConsistencyDecoderVAE, its only configuration) with the
+    UNet's last mid-block resnet dropped: its keys alone read as a UNet with one mid resnet, which loaded and
+    decoded wrong. Checked against the published configuration; the whole file passes that check (and
+    stops at the meta-tensor check, as any meta state dict does)."""
+    from diffusers import ConsistencyDecoderVAE
+    sd = _meta_state_dict(ConsistencyDecoderVAE)
+    assert "holds 515 weight(s) that are a meta tensor" in _load_error(sd)
+    msg = _load_error(_without(sd, "decoder_unet.mid_block.resnets.1."))
+    assert ("OpenAI's decoder as published, but has 1 mid-block resnet(s) where the published one has 2 "
+            "(missing: 'decoder_unet.mid_block.resnets.1.*')") in msg and "Fix: " in msg
+
+
+def test_other_families_with_one_published_configuration_refuse_missing_blocks():
+    """The same declaration for MiniMax H3 and Mage-VAE (one published VAE each; configurations read from
+    ComfyUI's MiniMaxH3VideoVAE() and MageVAE()), per half: a decoder-only file is judged by the decoder."""
+    from vae.archs import mage, minimax as mm
+    cfg = mm.MiniMaxConfig(enc_widths=(128, 256, 256, 512, 512, 1024), enc_blocks=2,
+                           enc_down=(True,) * 4 + (False,) * 2, dec_dim=2048, dec_depth=36, dec_ff=8192)
+    sd = _meta_state_dict(lambda: mm.MiniMaxH3VAE(cfg))
+    assert "meta tensor" in _load_error(sd)
+    decoder_only = {k: v for k, v in sd.items() if not k.startswith(("encoder.", "quant_conv."))}
+    msg = _load_error(_without(decoder_only, "decoder.transformer_blocks.35."))
+    assert "35 transformer block(s) where the published one has 36 (missing: 'decoder.transformer_blocks.35.*')" in msg
+    enc = mage.EncoderConfig(image_channels=3, patch=16, head=768, head_blocks=2, head_ffn=3072, hidden=384,
+                             blocks=21, ffn=1536, out_channels=256, freq=256)
+    dec = mage.DecoderConfig(image_channels=3, patch=16, bottleneck=128, hidden=384, blocks=21, ffn=1536, pixel=32,
+                             pixel_blocks=3, freqs=8, freq=256, cod=("resnet", "attention") * 2 + ("resnet",))
+    sd = _meta_state_dict(lambda: mage.MageVAE(mage.MageConfig(128, enc, dec)))
+    assert "meta tensor" in _load_error(sd)
+    msg = _load_error(_without(sd, "dconv_encoder.blocks.20."))
+    assert "Mage-VAE's encoder as published, but has 20 encoder DiCo block(s) where the published one has 21" in msg
+
+
+def test_a_variant_of_a_known_family_is_not_judged():
+    """Only a published configuration with blocks missing is refused: one that differs in a width (the tiny
+    test models, an unknown variant) is not judged, even with one mid resnet (a limit: nothing says which
+    blocks such a variant has)."""
+    from fuzz_cases import families
+    sd = families()["consistency"]()
+    assert vae.from_state_dict(sd).config.mid_layers == 2
+    assert vae.from_state_dict(_without(sd, "decoder_unet.mid_block.resnets.1.")).config.mid_layers == 1

@@ -118,16 +118,18 @@ def test_decode_batches_are_the_definition(ours):
 
 # ---- frame rules and engines ---------------------------------------------------------------------
 
-def test_frame_rules_and_the_template_socket(ours, pack):
+def test_frame_rules_and_the_template_socket(ours, pack, caplog):
     """An odd t decodes to 1 + 4(t-1) frames, an even t to 4t (no lone first frame: diffusers and core
-    alike; the VOID template's latents are even); 1 + 4k frames encode to k + 1 latents. The socket core's
+    alike; the VOID template's latents are even); 1 + 4k frames encode to k + 1 latents (other counts: the first 1 + 4k, as core, with a warning). The socket core's
     nodes call states the decoded frame count."""
     from vaekit.nodes.socket import VAEKitVAE
     assert [ours.frames_for(t) for t in (1, 2, 3, 4, 13, 22)] == [1, 8, 9, 16, 49, 88]
     assert ours.decode(torch.randn(1, 16, 4, 2, 2)).shape == (1, 3, 16, 16, 16)
     assert ours.encode(torch.rand(1, 3, 9, 16, 16)).shape == (1, 16, 3, 2, 2)
-    with pytest.raises(vae.InputError, match=r"the clip has 8 frames.*1 \+ 4\*k"):
-        ours.encode(torch.rand(1, 3, 8, 16, 16))
+    x8 = torch.rand(1, 3, 8, 16, 16)                    # as core: the first 1 + 4k frames, with a warning
+    with caplog.at_level("WARNING"):
+        assert torch.equal(ours.encode(x8), ours.encode(x8[:, :, :5]))
+    assert "the clip has 8 frames" in caplog.text and "5 or 9 frames fit" in caplog.text
     sock = VAEKitVAE(ours)
     assert [sock.upscale_ratio[0](t) for t in (1, 2, 3, 22)] == [1, 8, 9, 88]
     assert [sock.downscale_ratio[0](t) for t in (1, 5, 9, 85)] == [1, 2, 3, 22]     # core's floor((T+3)/4)

@@ -157,15 +157,53 @@ def test_compiled_halves_are_separate_and_optional():
     assert "encode" not in vars(again.model) and again.graph_count() == 0
 
 
-def test_exact_tiles_run_the_eager_model():
-    """An exact tile pauses inside the model at every GroupNorm: a compiled half runs eagerly there
-    (no graph built, no recompile for the tiles' shapes), with the untiled result."""
+def test_exact_tiles_that_meet_in_rounds_run_the_eager_model():
+    """Tiles of a model with GroupNorm pause at every norm and meet in rounds: a compiled half runs
+    eagerly there (no graph built, no recompile for the tiles' shapes), with the untiled result."""
     v = tiny_kl()
     compiled, _ = compile_vae(v, backend="eager")
     z = torch.randn(1, 4, 20, 12)
     out = compiled.decode(z, tile=32, mode="exact")
     assert compiled.graph_count() == 0
     assert (out - v.decode(z)).abs().max() <= 1e-4
+
+
+def mini_wan() -> VAE:
+    """Wan 2.1's structure at its smallest: two levels (2x in space and time), one resnet a level plus
+    the decoder's extra one, the mid block's attention."""
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    return vae.from_state_dict(diffusers.AutoencoderKLWan(base_dim=8, z_dim=16, num_res_blocks=1, dim_mult=[1, 2],
+                                                          temperal_downsample=[True]).state_dict())
+
+
+def test_exact_tiles_run_compiled_pieces_one_graph_per_tile_shape(monkeypatch):
+    """Tiles run one after the other pause inside the model (re-cut points, the mid block's attention):
+    between the pauses the seam modules' own forwards run through the compiled handle's graphs, in a
+    stream (Wan: one latent frame a chunk) each module its own. Every tile has one shape (edge tiles
+    moved inward), so each module sees one input shape per kind of chunk, and a second image size with
+    the same tile builds no graph. The result is the eager exact decode's, and one pass's."""
+    from vae import compile as compiled_mod
+    v = mini_wan()
+    c, _ = compile_vae(v, backend="eager", encoder=False)
+    seen = set()
+    real = compiled_mod._Pieces.__call__
+
+    def spy(self, module, x, *args, **kwargs):
+        seen.add((module, tuple(x.shape)))
+        return real(self, module, x, *args, **kwargs)
+    monkeypatch.setattr(compiled_mod._Pieces, "__call__", spy)
+    kw = dict(tile=8, mode="exact", tile_frames=2)              # 4 latent pixels a tile, 1 latent frame a chunk
+    z = torch.randn(1, 16, 2, 12, 16)
+    out = c.decode(z, **kw)
+    built = c.graph_count("decode")
+    assert built > 0 and not c.fallbacks()
+    assert (out - v.decode(z, **kw)).abs().max() <= 1e-5 and (out - v.decode(z)).abs().max() <= 1e-5
+    modules = {m for m, _ in seen}
+    assert len(seen) <= 2 * len(modules)         # one tile shape: one input shape per module and kind of chunk
+    z2 = torch.randn(1, 16, 2, 16, 12)
+    assert (c.decode(z2, **kw) - v.decode(z2)).abs().max() <= 1e-5
+    assert c.graph_count("decode") == built       # the same tile shape at another size: no new graph
 
 
 def test_bad_options_are_named():

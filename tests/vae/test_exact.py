@@ -157,6 +157,29 @@ def test_a_halo_short_of_the_receptive_field_breaks_exactness(kl, monkeypatch):
     assert (kl.decode(z, tile=48, mode="exact") - kl.decode(z)).abs().max() > VISIBLE
 
 
+def test_tiles_share_their_halos_inside_a_stage(loaded):
+    """Tile after tile, at a re-cut point inside a stage a tile takes what the tiles before it computed
+    (the last columns of its left neighbour, the last rows of the row of tiles above) and computes the
+    rest, moved ahead by the reach still to come, instead of recomputing a halo of that reach. Wan's
+    decoder at 4-latent-pixel tiles (3 x 3): 1.5x the multiply-adds of one pass, against 4.2x with
+    every halo recomputed (tiles of one shape, as compiled graphs want them); both equal one pass."""
+    from torch.utils.flop_counter import FlopCounterMode
+    v = loaded["wan"]
+    fn, cpu = v.decode_fn(), torch.device("cpu")
+    z = torch.randn(1, 16, 2, 12, 12)
+    route = v.route(v.call_for("decode", z.shape, tile=32, mode="exact", tile_frames=4))
+    flops, outs = [], []
+    with torch.inference_mode():
+        for kw in (None, {}, dict(fixed=True)):
+            with FlopCounterMode(display=False) as count:
+                outs.append(fn(z) if kw is None else
+                            exact.run_exact(fn, v.model, z, route.cores, 1, 8, cpu, chunks=route.chunks, **kw))
+            flops.append(count.get_total_flops())
+    shared, recomputed = flops[1] / flops[0], flops[2] / flops[0]
+    assert shared < 1.6 and recomputed > 2 * shared
+    assert all((o - outs[0]).abs().max() <= 1e-5 for o in outs[1:])
+
+
 def test_whole_tensor_statistics_not_averaged_tile_variances():
     """Tiles with different means: the pooled variance must include the spread of the tile means
     (multidiffusion's averaged tile variances drop it)."""

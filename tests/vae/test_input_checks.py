@@ -3,11 +3,13 @@ input, with a fix that fits the numbers given; uint8 images converted, slight ov
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
 
 import vae
+from vae import checks
 from helpers import diffusers_kl, pointwise_video_vae
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # tests/conftest.py
@@ -61,8 +63,6 @@ def test_image_degenerate_sizes(kl, video):
     assert "0x0" not in msg
     msg = _error(lambda: video.encode(torch.rand(1, 3, 0, 16, 16)))
     assert "the clip has 0 frames" in msg and "-3" not in msg
-    msg = _error(lambda: video.encode(torch.rand(1, 3, 3, 16, 16)))      # the nearest valid counts: 1 and 5
-    assert "use 1 frames (drop the last 2) or 5" in msg
 
 
 def test_uint8_images_are_converted(kl):
@@ -172,3 +172,125 @@ def test_a_model_that_misfits_a_tile_is_refused_with_a_way_out():
     with pytest.raises(vae.VAEKitError) as e:
         tiling.run_tiled(lambda t: torch.zeros(1, 3, 7, 7), torch.zeros(1, 4, 8, 8), plans, (1, 1), (8, 8), 3)
     assert "this model does not take tiles of this size" in str(e.value) and "Fix: run untiled (tile 0)" in str(e.value)
+
+
+# ---- the call's keywords: one check where they enter (vae/checks.py: call) ---------------------------
+
+def test_an_unknown_keyword_is_a_type_error_naming_it_and_the_valid_ones(kl):
+    z = torch.zeros(1, 4, 8, 8)
+    with pytest.raises(TypeError) as e:
+        kl.decode(z, budjet=1 << 30)                          # a typo: it used to decode without a word
+    msg = str(e.value)
+    assert "unexpected keyword argument 'budjet' (did you mean 'budget'?)" in msg
+    assert "tile, overlap, progress, out_device, tile_frames, overlap_frames, mode, budget, offload" in msg
+    assert "takes no decode options of its own" in msg
+    with pytest.raises(TypeError, match="'seed'.*takes no encode options of its own"):
+        kl.encode(torch.rand(1, 3, 16, 16), seed=1)            # encode goes through the same check
+    with pytest.raises(TypeError, match="'timestep'.*takes no decode options"):
+        kl.decode(z, timestep=0.05)                           # another family's option is no option here
+
+
+def test_a_models_own_options_are_listed_and_taken(loaded):
+    v = loaded["ltx_diffusion"]                               # declares decode_options=("seed",)
+    z = torch.randn(1, v.caps.latent_channels, 1, 2, 2)
+    with pytest.raises(TypeError, match="'sed' \\(did you mean 'seed'\\?\\).*this model's own decode options: seed"):
+        v.decode(z, sed=3)
+    assert torch.equal(v.decode(z, seed=3), v.decode(z, seed=3))
+
+
+@pytest.mark.parametrize("given, expect", [
+    ("4GB", 4 << 30), ("4 GB", 4 << 30), ("4gb", 4 << 30), ("4", 4 << 30), ("512MB", 512 << 20),
+    ("1.5GiB", 3 << 29), (" 2 G ", 2 << 30), ("1e3 MB", 1000 << 20), (2.0, 2 << 30), (0.5, 1 << 29),
+    (1 << 30, 1 << 30), (3 << 20, 3 << 20), (None, None),
+])
+def test_budget_forms_the_library_takes(given, expect):
+    """One parser for the library, the CLI and the nodes; a GB is 2^30 bytes throughout (the nodes'
+    tooltip and ComfyUI's unit); an int is bytes, a float GB, a string GB unless it names its unit."""
+    assert checks.budget(given) == expect
+
+
+@pytest.mark.parametrize("given, expect", [
+    (-1, "a memory budget of -1 is negative"), ("-2GB", "is negative"), (float("nan"), "nan is not a size"),
+    (math.inf, "inf is not a size"), ("inf GB", "is not a size"), ("four", "'four' is not a memory size"),
+    ("4 XB", "is not a memory size"), (True, "True (a bool) is not a memory size"), ([4], "(a list)"),
+    (0, "a memory budget of 0 fits nothing"), ("0GB", "fits nothing"),
+    (4, "4 is 4 bytes, under 1 KiB: no VAE call fits in that. An int is bytes: for 4 GB pass 4.0 or '4GB'"),
+])
+def test_budgets_that_mean_nothing_are_refused_naming_the_value(kl, given, expect):
+    msg = _error(lambda: kl.decode(torch.zeros(1, 4, 8, 8), budget=given))
+    assert msg.startswith("input 'budget': ") and expect in msg and "Fix: " in msg
+    assert "GiB" not in msg.split("Fix:")[0]                  # never "-0.00 GiB"
+
+
+def test_the_nodes_read_every_number_as_gb_and_0_as_theirs():
+    assert checks.budget(4, "max_memory", numbers_in_gb=True) == 4 << 30
+    assert checks.budget(0.0, "max_memory", numbers_in_gb=True, zero=True) == 0
+    assert "give GB, e.g. 4" in _error(lambda: checks.budget(-1.0, "max_memory", numbers_in_gb=True, zero=True))
+
+
+def test_a_budget_given_as_text_plans_as_the_same_bytes(kl):
+    z = torch.randn(1, 4, 8, 8)
+    assert torch.equal(kl.decode(z, budget="1GB"), kl.decode(z, budget=1 << 30))
+    x = torch.rand(1, 3, 16, 16)
+    assert torch.equal(kl.encode(x, budget="512 MB"), kl.encode(x, budget=512 << 20))
+
+
+@pytest.mark.parametrize("kw, expect", [
+    (dict(tile="512"), "input 'tile': '512' is not a whole number of pixels"),
+    (dict(tile=(64, 64, 64)), "input 'tile': (64, 64, 64) has 3 sizes; a tile is one size or (height, width)"),
+    (dict(overlap=True), "input 'overlap': True is not a whole number of pixels"),
+    (dict(tile_frames=-4), "input 'tile_frames': -4 frames is negative"),
+    (dict(overlap_frames=1.5), "input 'overlap_frames': 1.5 is not a whole number of frames"),
+    (dict(mode="exat"), "input 'mode': unknown tiling mode 'exat'. Fix: use one of fast, exact."),
+    (dict(mode=None), "input 'mode': unknown tiling mode None"),
+    (dict(out_device="gpu"), "input 'out_device': 'gpu' is not a device torch knows"),
+    (dict(offload="meta"), "input 'offload': the meta device holds no data"),
+])
+def test_each_call_keyword_is_checked_where_it_enters(kl, video, kw, expect):
+    """Checked before any work, for an image VAE and a video VAE alike (the same check)."""
+    assert expect in _error(lambda: kl.decode(torch.zeros(1, 4, 8, 8), **kw))
+    assert expect in _error(lambda: video.encode(torch.rand(1, 3, 5, 16, 16), **kw))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_asked_for_on_a_machine_without_it(kl):
+    """It was torch's raw AssertionError ("Torch not compiled with CUDA enabled") at the first copy."""
+    for kw in (dict(out_device="cuda"), dict(offload="cuda:1")):
+        msg = _error(lambda: kl.decode(torch.zeros(1, 4, 8, 8), **kw))
+        assert "CUDA is not available here" in msg and "Fix: pass 'cpu', or leave it out for the default." in msg
+
+
+# ---- a clip whose frame count misses the family's rule: encoded as core does, with a warning ---------
+
+def _fits(v, frames: int) -> bool:
+    r = v.caps.temporal_ratio
+    return (frames - 1) % r == 0
+
+
+@pytest.mark.parametrize("family, frames", [("wan", 6), ("mochi", 8), ("ltx", 10), ("hunyuan_video", 6),
+                                            ("magvit", 2)])
+def test_a_clip_that_misses_the_frame_rule_is_encoded_as_core_does_with_a_warning(loaded, caplog, family, frames):
+    """One rule kind per temporal compression the families declare (4, 6, 8): the first 1 + r*k frames
+    are encoded (core keeps the same frames: Wan's and HunyuanVideo's encoders walk 1 + r*k frames, LTX's
+    crops to them, Mochi's strided convs never reach the rest) and the warning says how many frames were
+    used and which counts fit."""
+    v = loaded[family]
+    r, s = v.caps.temporal_ratio, v.caps.spatial_ratio_packed
+    x = torch.rand(1, 3, frames, 2 * s, 2 * s)
+    keep = (frames - 1) // r * r + 1
+    assert not _fits(v, frames) and _fits(v, keep) and _fits(v, keep + r)
+    with caplog.at_level(logging.WARNING, logger="VAEKit"):
+        z = v.encode(x)
+    assert (f"the clip has {frames} frames; {v.name} encodes 1 + {r}*k frames" in caplog.text and
+            f"the first {keep} are encoded and the last {frames - keep} dropped, as ComfyUI core does. "
+            f"{keep} or {keep + r} frames fit." in caplog.text)
+    assert torch.equal(z, v.encode(x[:, :, :keep]))
+
+
+def test_a_model_with_its_own_clips_takes_every_frame_without_a_warning(loaded, caplog):
+    """MiniMax H3 pads its own clips (its definition): every frame is encoded, nothing to warn about."""
+    v = loaded["minimax"]
+    s = v.caps.spatial_ratio_packed
+    with caplog.at_level(logging.WARNING, logger="VAEKit"):
+        v.encode(torch.rand(1, 3, 6, 2 * s, 2 * s))
+    assert "frames fit" not in caplog.text

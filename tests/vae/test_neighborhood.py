@@ -8,7 +8,7 @@ import torch
 
 from ltx_diffusion_common import brute_na
 from vae.nn import neighborhood
-from vae.nn.neighborhood import block_shape, neighborhood_attention
+from vae.nn.neighborhood import block_cost, block_shape, neighborhood_attention
 
 
 def _qkv(shape, seed=0, dtype=torch.float32):
@@ -47,7 +47,12 @@ def test_bf16_and_meta():
     assert meta.shape == q.shape and meta.device.type == "meta"
 
 
-def test_block_shape_grows_where_fewest_keys_are_added():
-    assert block_shape((17, 56, 56), (11, 11, 11), 512) == (8, 8, 8)
-    assert block_shape((1, 5, 6), (1, 5, 6), 512) == (1, 5, 6)       # the whole grid: one block
-    assert block_shape((6, 22, 40), (3, 7, 7), 64)[0] <= 2           # short time window: time grows last
+def test_block_shape_is_the_cheapest_by_its_cost():
+    """Keys scored per query (the union of a block's windows) against copying a block row's keys once
+    and the cost of small calls: short clips take the whole time axis in a block, long ones do not."""
+    dims, kernels = (17, 56, 56), (11, 11, 11)
+    best = block_cost(block_shape(dims, kernels), dims, kernels)
+    assert best <= min(block_cost(s, dims, kernels) for s in [(8, 8, 8), (4, 4, 4), (17, 8, 8), (1, 56, 56)])
+    assert block_shape((1, 5, 6), (1, 5, 6)) == (1, 5, 6)          # the whole grid: one block
+    assert block_shape((17, 96, 128), kernels)[0] == 17
+    assert block_shape((121, 88, 160), kernels)[0] < 121

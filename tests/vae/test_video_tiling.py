@@ -80,12 +80,14 @@ def _tiles(v, z, **kw):
     return calls[-1]
 
 
-def test_video_vae_refuses_image_latents_and_bad_frame_counts():
+def test_video_vae_refuses_image_latents_and_keeps_cores_frame_rule(caplog):
     v = pointwise_video_vae()
     with pytest.raises(vae.InputError, match=r"video VAE.*\[B, C, frames, h, w\]"):
         v.decode(torch.randn(1, 4, 8, 8))
-    with pytest.raises(vae.InputError, match="12 frames.*1 \\+ 4\\*k") as e:
-        v.encode(torch.rand(1, 3, 12, 16, 16))
-    assert "use 9 frames (drop the last 3) or 13" in str(e.value)
+    x = torch.rand(1, 3, 12, 16, 16)
+    with caplog.at_level("WARNING", logger="VAEKit"):
+        z = v.encode(x)                                     # as core: the first 1 + 4k frames, said in the log
+    assert z.shape[2] == 3 and torch.equal(z, v.encode(x[:, :, :9]))
+    assert "the clip has 12 frames" in caplog.text and "9 or 13 frames fit" in caplog.text
     with pytest.raises(vae.InputError, match="5 channels"):
         v.decode(torch.randn(1, 5, 2, 4, 4))

@@ -232,7 +232,8 @@ def test_every_video_family_has_tiled_and_framewise_decode_workflows():
 def _expected(v, z, family, dec):
     """The library's own decode with the graph's settings (tiled, or frame-wise), as [1, 3, T, H, W]."""
     s, r = RATIOS[family]
-    opts = dict(timestep=dec.get("decode_timestep"), noise_scale=dec.get("decode_noise_scale"), seed=dec.get("seed"))
+    opts = v.decode_options(dict(timestep=dec.get("decode_timestep"), noise_scale=dec.get("decode_noise_scale"),
+                                 seed=dec.get("seed")))             # the options this family's model takes
     if z.dim() == 4:            # [T, C, h, w]: one clip (Tiled Decode); Frame-wise: each chunk its own clip
         n = dec.get("frames_per_chunk") or len(z)
         out = torch.cat([v.decode(z[i:i + n], tile=dec["tile_size"] or None, mode=dec.get("mode", "fast"))

@@ -31,7 +31,7 @@ from ..nn.noise import region_randn
 from ..files.keymap import count_indices
 from ..nn.norm import GroupNorm
 from ..nn.resnet import conv2d_1x1, conv2d_3x3
-from ..spec import ArchSpec, Capabilities
+from ..spec import ArchSpec, Capabilities, KnownConfigs
 from . import consistency_layout, kl, ldm
 from .consistency_layout import ENCODER_PREFIXES, UNET
 
@@ -263,8 +263,17 @@ def describe(cfg: ConsistencyConfig) -> str:
     return f"Consistency Decoder (OpenAI, DALL-E 3; SD1.x/SD2.x latents{part})"
 
 
+# OpenAI's one published decoder (diffusers' ConsistencyDecoderVAE, OpenAI's decoder.pt): its mid block has two
+# resnets, its levels 3 down and 4 up, all counted from the keys (a file without the last one loads otherwise)
+KNOWN = KnownConfigs(
+    parts={"OpenAI's decoder": dict(widths=(320, 640, 1024, 1024), down_layers=3, up_layers=4, mid_layers=2,
+                                    latent_channels=4, out_channels=6, time_steps=1024, time_dim=1280)},
+    blocks={"mid_layers": ("mid-block resnet(s)", UNET + "mid_block.resnets.{i}"),
+            "down_layers": ("resnet(s) per down level", UNET + "down_blocks.0.resnets.{i}"),
+            "up_layers": ("resnet(s) per up level", UNET + "up_blocks.0.resnets.{i}")})
+
 # before KL: its encoder is SD's KL encoder (`decoder_unet.` / OpenAI names tell it apart)
 SPEC = ArchSpec(id="consistency", name="Consistency Decoder", detect=consistency_layout.detect,
                 to_canonical=consistency_layout.to_canonical, config_from_state_dict=config_from_state_dict,
                 build=ConsistencyDecoderVAE, capabilities=capabilities, describe=describe,
-                priority=10, latent_hints=())
+                priority=10, latent_hints=(), known_configs=KNOWN)

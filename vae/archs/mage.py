@@ -38,7 +38,7 @@ from ..nn.attention import SpatialSelfAttention
 from ..nn.norm import ChannelLayerNorm, ChannelMean, GroupNorm
 from ..nn.resnet import ResnetBlock, conv2d_3x3
 from ..run import Seam
-from ..spec import ArchSpec, Capabilities
+from ..spec import ArchSpec, Capabilities, KnownConfigs
 from . import mage_layout
 from .mage_layout import COD, DEC, ENC
 
@@ -458,6 +458,21 @@ def describe(cfg: MageConfig) -> str:
     return f"Mage-VAE ({cfg.latent_channels} latent channels, {cfg.patch}x{part})"
 
 
+# the published VAE (Mage-Flow's mage_flow_vae, ComfyUI's MageVAE()): DiCo and pixel-MLP blocks are counted from
+# the keys, so a file without the last ones would load as a smaller model
+KNOWN = KnownConfigs(
+    parts={"Mage-VAE's encoder": {"encoder.patch": 16, "encoder.head": 768, "encoder.head_blocks": 2,
+                                  "encoder.head_ffn": 3072, "encoder.hidden": 384, "encoder.blocks": 21,
+                                  "encoder.ffn": 1536, "encoder.out_channels": 256, "encoder.freq": 256},
+           "Mage-VAE's decoder": {"decoder.patch": 16, "decoder.bottleneck": 128, "decoder.hidden": 384,
+                                  "decoder.blocks": 21, "decoder.ffn": 1536, "decoder.pixel": 32,
+                                  "decoder.pixel_blocks": 3, "decoder.freqs": 8, "decoder.freq": 256}},
+    blocks={"encoder.head_blocks": ("plain DiCo block(s)", ENC + "head_blocks.{i}"),
+            "encoder.blocks": ("encoder DiCo block(s)", ENC + "blocks.{i}"),
+            "decoder.blocks": ("decoder DiCo block(s)", DEC + "blocks.{i}"),
+            "decoder.pixel_blocks": ("pixel-MLP block(s)", DEC + "dec_net.res_blocks.{i}")})
+
 SPEC = ArchSpec(id="mage", name="Mage-VAE", detect=mage_layout.detect, to_canonical=mage_layout.to_canonical,
                 config_from_state_dict=config_from_state_dict, build=MageVAE, capabilities=capabilities,
-                describe=describe, priority=60, latent_hints=((128, 4, "Mage-Flow"),))
+                describe=describe, priority=60, latent_hints=((128, 4, "Mage-Flow"),),
+                known_configs=KNOWN)

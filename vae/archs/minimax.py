@@ -42,7 +42,7 @@ from ..nn.causal import CausalConv3d
 from ..nn.norm import FrameGroupNorm
 from ..nn.quant import Int8Linear
 from .. import spec
-from ..spec import ArchSpec, Capabilities
+from ..spec import ArchSpec, Capabilities, KnownConfigs
 from . import ldm
 from . import minimax_layout as layout
 
@@ -381,7 +381,17 @@ def with_tiles(cfg: MiniMaxConfig, tile: int, min_overlap: int) -> MiniMaxConfig
     return replace(cfg, tile=tile, min_overlap=min_overlap)
 
 
+# the published VAE (MiniMax's model.safetensors, ComfyUI's MiniMaxH3VideoVAE()): blocks per encoder level and
+# transformer blocks are counted from the keys, so a file without the last ones would load as a smaller model
+KNOWN = KnownConfigs(
+    parts={"MiniMax H3's encoder": dict(enc_widths=(128, 256, 256, 512, 512, 1024), enc_blocks=2,
+                                        enc_down=(True,) * 4 + (False,) * 2, latent_channels=24),
+           "MiniMax H3's decoder": dict(dec_dim=2048, dec_depth=36, dec_ff=8192, registers=4, patch=16,
+                                        latent_channels=24)},
+    blocks={"enc_blocks": ("resnet(s) per encoder level", "encoder.down.0.block.{i}"),
+            "dec_depth": ("transformer block(s)", "decoder.transformer_blocks.{i}")})
+
 SPEC = ArchSpec(id="minimax", name="MiniMax H3 VAE", detect=layout.detect, to_canonical=layout.to_canonical,
                 config_from_state_dict=config_from_state_dict, build=MiniMaxH3VAE, capabilities=capabilities,
                 describe=describe, complete_state_dict=layout.complete,
-                priority=25, latent_hints=((24, 5, "MiniMax H3"),))
+                priority=25, latent_hints=((24, 5, "MiniMax H3"),), known_configs=KNOWN)

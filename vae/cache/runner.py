@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import checks
 from ..engine import budget as planner
 from ..errors import InputError, VAEKitError
 from ..files import outputs
@@ -113,7 +114,7 @@ class Runner:
         own = self.vae.clip_frames if caps.own_tiling is not None else None
         self.fit = frame_rule(caps.temporal_ratio if self.vae.is_video else None, own)
         self.multiple = caps.spatial_ratio_packed
-        self.budget = planner.parse(opts.max_memory)
+        self.budget = checks.budget(opts.max_memory, "max_memory")     # the library's one budget parser
         self.manifests: dict[Path, manifest.Manifest] = {}
         self.plans: dict[tuple, Optional[planner.Plan]] = {}
 

@@ -98,9 +98,9 @@ def _decode_target(a) -> tuple[Path, str]:
 
 
 def _budget(a) -> dict:
-    """``--max-memory`` as the library's ``budget``; the plan goes to stderr (logger "VAEKit")."""
-    from ..engine.budget import parse
-    b = parse(a.max_memory)
+    """``--max-memory`` as the library's ``budget`` (one parser: vae/checks.py); the plan goes to stderr
+    (logger "VAEKit")."""
+    b = checks.budget(a.max_memory, "--max-memory")
     if b:
         log = logging.getLogger("VAEKit")
         if not log.handlers:
@@ -120,6 +120,7 @@ def _bar(v, op: str, a):
 
 def cmd_decode(a) -> None:
     _check_tiling(a)
+    budget = _budget(a)                  # before anything is read, as the other options
     folder, prefix = _decode_target(a)
     outputs.check_writable(folder, "-o")
     _, name, counter = outputs.save_path(prefix, folder, input="-o")      # before the work, as below
@@ -128,7 +129,7 @@ def cmd_decode(a) -> None:
     t = time.perf_counter()
     with progress.reporting(_bar(v, "decode", a)):
         images = workers.cli_call(v, "decode", z, a.devices, progress.current(), tile=a.tile, overlap=a.overlap,
-                                  mode=a.mode, **_budget(a))
+                                  mode=a.mode, **budget)
     if images is None:              # a torchrun rank other than 0: rank 0 writes
         return
     dt = time.perf_counter() - t
@@ -144,6 +145,7 @@ def cmd_decode(a) -> None:
 
 def cmd_encode(a) -> None:
     _check_tiling(a)
+    budget = _budget(a)
     out = Path(a.output or Path(a.images[0]).with_suffix(".latent"))
     outputs.check_writable(out.parent, "-o")
     outputs.one_file(out, a.overwrite, "-o")
@@ -160,7 +162,7 @@ def cmd_encode(a) -> None:
     t = time.perf_counter()
     with progress.reporting(_bar(v, "encode", a)):
         z = workers.cli_call(v, "encode", x, a.devices, progress.current(), tile=a.tile, overlap=a.overlap,
-                             mode=a.mode, **_budget(a))
+                             mode=a.mode, **budget)
     if z is None:
         return
     outputs.one_file(out, a.overwrite, "-o")
@@ -235,7 +237,8 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
         s.add_argument("--mode", choices=("exact", "fast"), default="exact",
                        help="exact (default): the untiled result, no seams (vae/engine/exact.py); fast: blended tiles")
         s.add_argument("--max-memory", metavar="GB", default=None,
-                       help="memory budget on the device, e.g. 4 or 4GB (or 512MB): the largest tile (at most "
+                       help="memory budget on the device in GB (2^30 bytes), e.g. 4, 4GB, '4 GB', 1.5GiB or 512MB: "
+                            "the largest tile (at most "
                             "--tile) and chunk that fit, planned before the work and printed (vae/engine/budget.py)")
         s.add_argument("--devices", help="share the tiles among devices, e.g. cuda:0,cuda:1 or cpu,cpu (one worker "
                                          "process per extra device); under torchrun the ranks share them anyway")

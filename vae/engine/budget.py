@@ -30,29 +30,6 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def parse(text) -> Optional[int]:
-    """A budget from a user: bytes (int), GB as a number (float or str, 2^30 bytes), or '4GB' / '512MB';
-    0 or None: no budget."""
-    if text is None:
-        return None
-    if isinstance(text, str):
-        t = text.strip().upper().replace("IB", "B")
-        unit = 1 << 20 if t.endswith("MB") else GIB
-        t = t[:-2] if t.endswith(("MB", "GB")) else t
-        try:
-            value = float(t)
-        except ValueError:
-            raise InputError(f"memory budget {text!r} is not a number of GB.", input="max_memory",
-                             fix="give it in GB, e.g. 4 or 4GB (or 512MB).") from None
-        n = value * unit
-    else:
-        n = float(text) * (GIB if isinstance(text, float) else 1)
-    if not math.isfinite(n) or n < 0:
-        raise InputError(f"memory budget {text!r} must be a positive size.", input="max_memory",
-                         fix="give it in GB, e.g. 4; 0 means no budget.")
-    return int(n) or None
-
-
 @dataclass(frozen=True)
 class Prediction:
     device: int              # bytes on the compute device, calibrated
@@ -142,6 +119,7 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
             k = min(3, len(chunks[0]))
             chunks = (chunks[0][:k], chunks[1][:k])
         meta, parks = torch.device("meta"), offload.type != device.type
+        fixed = handle._exact_body(call.decode, handle.model) is not None      # a compiled handle's tile shapes
         cores, scale = route.cores, 1.0
         if not exact.tile_major(fn, model, x, *units, chunks):
             # tiles meet in rounds, all alive together: measure up to 4x4 of them and scale by area,
@@ -151,7 +129,7 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
         def call():
             memory.offloaded(x, count=False)      # the input waits where the caller has it; tiles are cut from it
             exact.run_exact(fn, model, x, cores, *units, meta, chunks=chunks, offload=meta, park_tiles=parks,
-                            sample=True)
+                            sample=True, fixed=fixed)
         m = memory.measure(call, model=model)
         maps = m.offload
         if chunks:                  # maps scale with the chunks; the tracker saw the first k
@@ -235,6 +213,6 @@ def plan(handle, call, budget: int, device: torch.device, out_device: torch.devi
             return fits
     need = best.on_device() if best else 0
     raise InputError(f"no tile or chunk fits a memory budget of {gib(budget)}: the smallest plan "
-                     f"({best.describe() if best else 'none'}) needs about {gib(need)}.", input="max_memory",
+                     f"({best.describe() if best else 'none'}) needs about {gib(need)}.", input="budget",
                      fix=f"give a budget of at least {math.ceil(need / GIB * 10) / 10:.1f} GB, or decode a smaller "
                          "latent (fewer pixels or frames).")

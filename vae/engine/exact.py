@@ -56,7 +56,7 @@ from . import distributed, park, stages, transfer
 from . import memory as vram
 from .. import run as runstate
 from ..nn.norm import GroupNorm, group_moments
-from .receptive import Event, Segment, active, probe, scale_of, segments
+from .receptive import Event, Segment, active, probe, reach, scale_of, segments
 from .tiles import Output, Tile, grid
 from .tiling import Progress
 
@@ -163,7 +163,8 @@ class _Coroutine:
 def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans], in_unit: int, out_unit: int,
               out_device: torch.device, chunks: Optional[tuple[Spans, Spans]] = None, probe_size: int = 4,
               progress: Optional[Progress] = None, offload: Optional[torch.device] = None,
-              order: str = "auto", park_tiles=None, sample: bool = False) -> torch.Tensor:
+              order: str = "auto", park_tiles=None, sample: bool = False, body=None,
+              fixed: bool = False) -> torch.Tensor:
     """Apply ``fn(x, model)`` (a forward of ``model``) to ``x`` tile by tile with the untiled result.
 
     ``cores``: per spatial axis (the last two of ``x``), spans in latent units that partition it;
@@ -178,15 +179,19 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
     it (no GroupNorm statistics). ``park_tiles``: paused tiles of a "rounds" run wait on ``offload``
     (vae/engine/park.py; default: when it is another kind of device than the model's; "copy": moved to new
     storages on the same device, the tests' check that nothing depends on the old ones). ``sample`` (the
-    planner's dry run on the meta device): tile after tile, only the most interior tile runs."""
+    planner's dry run on the meta device): tile after tile, only the first and the most interior tile run.
+    ``body``: how a tile-after-tile run calls the seam modules between its pauses (``body(module, x,
+    *args)``: a compiled handle's graphs; vae/engine/stages.py), ``fixed`` (implied by ``body``): its tiles of
+    one shape; tiles meeting in rounds run eagerly."""
     latent = tuple(n // in_unit for n in x.shape[-2:])
     events, segs, small = _probe(fn, model, x, in_unit, out_unit, chunks, probe_size)
+    cores = edge_cores(cores, events, small)
     staged = stages.plan(events, small, in_unit, out_unit) if order != "rounds" else None
     if order == "tiles" and staged is None:
         raise ValueError("this model's tiles share GroupNorm statistics: they cannot run one after the other")
     if staged is not None:
         return stages.run_stages(fn, model, x, latent, staged, cores, in_unit, out_device, chunks, offload, progress,
-                                 sample)
+                                 sample, body, fixed)
     device = next(model.parameters()).device
     offload = torch.device(offload or out_device)
     force = park_tiles == "copy"          # the tests' check: new storages on the same device
@@ -205,6 +210,31 @@ def tile_major(fn: Fn, model: nn.Module, x: torch.Tensor, in_unit: int, out_unit
     """Whether ``run_exact`` runs this call tile after tile (the model has no GroupNorm statistics)."""
     events, segs, small = _probe(fn, model, x, in_unit, out_unit, chunks, probe_size)
     return stages.plan(events, small, in_unit, out_unit) is not None
+
+
+def edge_cores(cores: Sequence[Spans], events: Sequence[Event], small) -> list[list[tuple[int, int]]]:
+    """``cores`` with the first and last span of each axis merged into their neighbour while narrower
+    than a windowed module needs (``exact_window``: a window that shifts inward at the map's border).
+    Such a module reaches ``exact_reach`` (half its window) from a core away from the border; a core
+    whose queries all lie within that of the border sees their shifted windows reach ``window - 1``
+    inward, past its halo, unless it is at least ``window - reach`` wide (latent units at the module's
+    scale)."""
+    need = [1] * len(cores)
+    for e in events:
+        window = getattr(e.module, "exact_window", None)
+        if window is None or e.kind == "whole":
+            continue
+        for d, (w, r, s) in enumerate(zip(window, reach(e.module), scale_of(e, small))):
+            need[d] = max(need[d], math.ceil((w - r) / s))
+    out = []
+    for spans, n in zip(cores, need):
+        spans = list(spans)
+        while len(spans) > 1 and spans[0][1] - spans[0][0] < n:
+            spans[:2] = [(spans[0][0], spans[1][1])]
+        while len(spans) > 1 and spans[-1][1] - spans[-1][0] < n:
+            spans[-2:] = [(spans[-2][0], spans[-1][1])]
+        out.append(spans)
+    return out
 
 
 def _probe(fn, model, x, in_unit, out_unit, chunks, probe_size):

@@ -55,6 +55,7 @@ class Stage:
     end: Optional[int]                     # event index of the separator it ends at (None: the output)
     cuts: dict                             # event index (None: input) -> the cut of the segment starting there
     cost: float                            # share of the multiply-adds (progress weights)
+    leads: dict = dataclasses.field(default_factory=dict)   # event index -> a shared halo's lead (``_cuts``)
 
 
 @dataclass(frozen=True)
@@ -95,20 +96,25 @@ def plan(events: Sequence[Event], latent: tuple[int, int], in_unit: int, out_uni
     stages = []
     for k, group in enumerate(groups):
         end = groups[k + 1][0].start if k + 1 < len(groups) else None
-        stages.append(Stage(group[0].start, end, _cuts(group), sum(s.cost for s in group) / total))
+        cuts, leads = _cuts(group)
+        stages.append(Stage(group[0].start, end, cuts, sum(s.cost for s in group) / total, leads))
     return StagePlan(tuple(events), tuple(seams), roles, tuple(stages), segs[0].align)
 
 
-def _cuts(group: Sequence[Segment]) -> dict:
+def _cuts(group: Sequence[Segment]) -> tuple[dict, dict]:
     """Per segment of a stage, the halo to cut it with: its own layers' reach plus what the rest of
-    the stage needs after it, rounded up to its grid (so the next crop finds valid context)."""
-    cuts, after = {}, (Fraction(0), Fraction(0))
+    the stage needs after it, rounded up to its grid (so the next crop finds valid context); and the
+    lead of a shared halo (``_Shared``): how far behind that the segment's input must reach, its
+    reach twice over less the rounding (the tile before it computed that part)."""
+    grid = lambda n, s, al: Fraction(math.ceil(n * s / al) * al) / s      # noqa: E731 - up to the grid
+    cuts, leads, after = {}, {}, (Fraction(0), Fraction(0))
     for seg in reversed(group):
-        need = [h + a for h, a in zip(seg.halo, after)]
-        halo = tuple(Fraction(math.ceil(n * s / al) * al) / s for n, s, al in zip(need, seg.scale, seg.align))
+        halo = tuple(grid(h + a, s, al) for h, a, s, al in zip(seg.halo, after, seg.scale, seg.align))
         cuts[seg.start] = dataclasses.replace(seg, halo=halo)
+        leads[seg.start] = tuple(grid(d - a + h, s, al) for d, a, h, s, al in
+                                 zip(halo, after, seg.halo, seg.scale, seg.align))
         after = halo
-    return cuts
+    return cuts, leads
 
 
 class _StageDone(BaseException):
@@ -143,15 +149,16 @@ class _Maps:
         dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(tile.core, scales))
         self.transfers.to_host(x[core], self.device, self.maps[chunk][(..., *dst)].copy_)
 
-    def read(self, chunk: int, tile: Tile, seg: Segment, like: torch.Tensor) -> torch.Tensor:
-        """The tile's slice (core plus ``seg``'s halo) of chunk ``chunk``'s map, on ``like``'s device."""
+    def read(self, chunk: int, tile: Tile, place: Callable, like: torch.Tensor) -> torch.Tensor:
+        """The tile's slice of chunk ``chunk``'s map, on ``like``'s device; ``place(tile, scales, size)``
+        sets its extent (core plus halo)."""
         full = self.maps[chunk]
         scales = [Fraction(n, m) for n, m in zip(full.shape[-2:], self.latent)]
         if full.shape[:-2] != like.shape[:-2]:
             raise RuntimeError(f"exact tiling: a later stage met a map of shape {tuple(full.shape)} where its "
                                f"forward carries {tuple(like.shape)} (something besides the separator's input is "
                                "live across it)")
-        tile.cut(scales, seg, full.shape[-2:])
+        place(tile, scales, full.shape[-2:])
         return self.transfers.to_device(full[tile.slices()], like.device, self.fmt)      # one copy, counted
 
     def _put(self, chunk: int, y: torch.Tensor) -> None:
@@ -159,7 +166,8 @@ class _Maps:
         vram.offloaded(y)           # (on one device ``to`` hands back y itself)
 
     def finish(self, comm, module: Optional[nn.Module], device: torch.device, memory: Optional[dict]) -> None:
-        """All tiles have written: sum the ranks' shares; run a whole module on each chunk, in order."""
+        """All tiles have written: sum the ranks' shares; run a whole module on each chunk, in order
+        (eagerly: its input is the map, whose shape is the image's, not a tile's)."""
         self.transfers.wait()
         for c in sorted(self.maps):
             comm.sum_(self.maps[c])
@@ -169,6 +177,97 @@ class _Maps:
                 self.transfers.to_host(y, self.device, functools.partial(self._put, c))
                 del y
         self.transfers.wait()
+
+
+def _layout(x: torch.Tensor) -> torch.memory_format:
+    last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    return last if last is not None and x.is_contiguous(memory_format=last) else torch.contiguous_format
+
+
+class _Shared:
+    """Halos shared between the tiles of a stage (one process; tiles in row-major order, each through
+    all its chunks). At a re-cut point a tile needs its core plus the reach of the layers still to come
+    before the stage ends. Instead of recomputing that halo, each tile runs ``ahead`` by that reach
+    (the stage's output is back on the core) and computes only what no tile before it did; the rest it
+    takes from them: the last columns of the tile on its left (``strips``) and the last rows of the row
+    of tiles above, across the map's width (``bands``), kept per re-cut point and chunk on the offload
+    device. A segment then recomputes twice its own reach, not that of the whole rest of the stage (Wan
+    2.1's last stage: 2 latent pixels at 2x resolution instead of 12). ``sample`` (the planner's dry
+    run, where the neighbours did not run): what a tile would take is made up, at its size."""
+
+    def __init__(self, device: torch.device, sample: bool):
+        self.device, self.sample = device, sample
+        self.strips: dict = {}
+        self.bands: dict = {}
+
+    def recut(self, key, x: torch.Tensor, tile: Tile, seg: Segment, lead) -> torch.Tensor:
+        f = [tile._factor(x, d) for d in range(2)]
+        was = [lo * k for lo, k in zip(tile.lo, f)]          # x's extent at its own scale
+        if any(w.denominator != 1 for w in was):
+            raise RuntimeError("exact tiling: a tile's extent does not fall on this layer's grid")
+        was = [int(w) for w in was]
+        scales = [s * k for s, k in zip(tile.scale, f)]
+        own, after = tile.shift(scales, seg, lead, [int(n * s) for n, s in zip(tile.latent, scales)])
+        lo, hi = tile.lo, tile.hi
+        if any(o < w or h > w + x.shape[x.dim() - 2 + d] for d, (o, h, w) in enumerate(zip(own, hi, was))):
+            raise RuntimeError("exact tiling: a tile's halo ran short of the layers' reach")
+        new = x[..., own[0] - was[0]:hi[0] - was[0], own[1] - was[1]:hi[1] - was[1]]
+        dy, dx = own[0] - lo[0], own[1] - lo[1]
+        if dy or dx:
+            out = torch.empty(*x.shape[:-2], hi[0] - lo[0], hi[1] - lo[1], dtype=x.dtype, device=x.device,
+                              memory_format=_layout(x))
+            out[..., dy:, dx:] = new
+            if dx:
+                out[..., :dx] = self._stored(self.strips, key, out[..., :dx])
+            if dy:
+                band = self._band((*key, tile.core[0][0]), out[..., :dy, :], self._width(tile, scales), reading=True)
+                out[..., :dy, dx:] = band[..., own[1]:hi[1]]
+        else:
+            out = new
+        if after[1] is not None:                 # for the tile on the right
+            with vram.placed_away():
+                self.strips[key] = out[..., after[1] - lo[1]:].to(self.device, copy=True)
+        if after[0] is not None:                 # for the row below
+            rows = out[..., after[0] - lo[0]:, :]
+            self._next_band(key, tile.core[0], rows, self._width(tile, scales))[..., lo[1]:hi[1]] = rows
+        return out
+
+    @staticmethod
+    def _width(tile: Tile, scales) -> int:
+        return int(tile.latent[1] * scales[1])
+
+    def _stored(self, store: dict, key, like: torch.Tensor) -> torch.Tensor:
+        got = store.get(key)
+        if got is None or got.shape != like.shape:
+            if not self.sample:
+                raise RuntimeError("exact tiling: a tile found no halo from the tiles before it")
+            with vram.placed_away():
+                got = store[key] = torch.empty(like.shape, dtype=like.dtype, device=self.device)
+        return got
+
+    def _next_band(self, key, rows_at: tuple[int, int], rows: torch.Tensor, width: int) -> torch.Tensor:
+        """The band a row of tiles (latent rows ``rows_at``) writes for the row below, keyed by where that
+        row starts. Where it has the shape of the band this row reads, that one is reused in place (a tile
+        writes only the columns the tiles on its right have read, see ``recut``); where not (rows of tiles
+        of different heights need bands of different heights), a second one; older rows' bands are dropped."""
+        for k in [k for k in self.bands if k[:-1] == key and k[-1] < rows_at[0]]:
+            del self.bands[k]
+        here = self.bands.get((*key, rows_at[0]))
+        if (*key, rows_at[1]) not in self.bands and here is not None and here.shape == (*rows.shape[:-1], width):
+            self.bands[(*key, rows_at[1])] = here
+        return self._band((*key, rows_at[1]), rows, width)
+
+    def _band(self, key, rows: torch.Tensor, width: int, reading: bool = False) -> torch.Tensor:
+        """The band ``key`` (re-cut point, chunk, first latent row of the tiles that read it): ``rows``'
+        leading shape and rows, the map's width."""
+        band = self.bands.get(key)
+        shape = (*rows.shape[:-1], width)
+        if band is None or band.shape != shape:
+            if reading and not self.sample:
+                raise RuntimeError("exact tiling: a tile found no halo from the row of tiles above")
+            with vram.placed_away():
+                band = self.bands[key] = torch.empty(shape, dtype=rows.dtype, device=self.device)
+        return band
 
 
 class _Hooks:
@@ -197,39 +296,64 @@ class _Hooks:
             with _plain():
                 return forward(x)
         if i == stage.start:
-            src = self.run.maps_in.read(self.chunk, self.tile, stage.cuts[i], x)
+            src = self.run.maps_in.read(self.chunk, self.tile, lambda t, s, n: self.run.place(t, stage, i, s, n), x)
             self.view = self.tile
-            return src if plan.events[i].kind == "whole" else forward(src)
+            return src if plan.events[i].kind == "whole" else self.run.forward(forward, src)
         if i == stage.end:
             self.run.maps_out.write(self.chunk, self.tile, x)
             raise _StageDone
         if plan.roles[i] == "crop":
-            x = self.tile.crop(x, stage.cuts[i])
-        return forward(x)
+            x = self.run.recut(stage, i, self.chunk, self.tile, x)
+        return self.run.forward(forward, x)
 
 
 class _Stages:
     def __init__(self, fn, model: nn.Module, x: torch.Tensor, latent: tuple[int, int], plan: StagePlan,
-                 chunks, out_device: torch.device, offload: torch.device, progress):
+                 chunks, out_device: torch.device, offload: torch.device, progress, sample: bool = False,
+                 body: Optional[Callable] = None, fixed: bool = False):
         self.fn, self.model, self.x, self.latent, self.plan = fn, model, x, latent, plan
         self.chunks, self.progress = chunks, progress
-        self.offload = offload
+        self.offload, self.sample, self.body = offload, sample, body
+        self.fixed = fixed or body is not None      # compiled graphs: every tile of one shape
         self.device = next(model.parameters()).device       # where whole modules run
         self.comm = distributed.current()
         self.transfers = transfer.Transfers()
         self.out = Output(out_device, self.comm.size > 1, chunks[1][-1][1] if chunks else None, self.transfers)
         self.maps_in: Optional[_Maps] = None
         self.maps_out: Optional[_Maps] = None
+        self.shared: Optional[_Shared] = None     # one process: tiles share their halos (``_Shared``)
+
+    def place(self, tile: Tile, stage: Stage, i: Optional[int], scales, size) -> None:
+        """Set ``tile``'s extent at the start of the segment at event ``i`` (None: the input)."""
+        if self.shared is not None:
+            tile.shift(scales, stage.cuts[i], stage.leads[i], size)
+        else:
+            tile.cut(scales, stage.cuts[i], size)
+
+    def recut(self, stage: Stage, i: int, chunk: int, tile: Tile, x: torch.Tensor) -> torch.Tensor:
+        """A tile's tensor at re-cut point ``i`` inside a stage, cut for the layers up to the next one."""
+        if self.shared is not None:
+            return self.shared.recut((i, chunk), x, tile, stage.cuts[i], stage.leads[i])
+        return tile.crop(x, stage.cuts[i])
+
+    def forward(self, body: runstate.Body, x: torch.Tensor) -> torch.Tensor:
+        """A seam module's own forward on a tile's tensor: through ``self.body`` (compiled graphs) if given."""
+        return body(x) if self.body is None else body.via(self.body, x)
 
     def go(self, cores, in_unit: int, tiny: tuple[int, int]) -> torch.Tensor:
-        tiles = grid(cores, self.latent)
+        tiles = grid(cores, self.latent, fixed=self.fixed)
         mine = [t for i, t in enumerate(tiles) if self.comm.owns(i, len(tiles))]
+        if self.sample:       # the first tile (the widest with shared halos) and the most interior one
+            middle = tuple(spans[len(spans) // 2] for spans in cores)
+            mine = [t for t in mine if t.core == middle or all(a == 0 for a, _ in t.core)]
         spans = self.chunks[0] if self.chunks else [None]
         units, done = len(mine) * len(spans), 0.0
         whole_memory = {} if self.chunks else None
         for stage in self.plan.stages:
             last = stage.end is None
             self.maps_out = None if last else _Maps(self.latent, self.offload, self.comm.size > 1, self.transfers)
+            # shared halos: one process, and tiles of any shape (fixed shapes overlap their halos instead)
+            self.shared = _Shared(self.offload, self.sample) if self.comm.size == 1 and not self.fixed else None
             error = None
             try:
                 for tile in mine:
@@ -251,7 +375,7 @@ class _Stages:
                 module = self.plan.events[stage.end].module
                 self.maps_out.finish(self.comm, module if self.plan.events[stage.end].kind == "whole" else None,
                                      self.device, whole_memory)
-            self.maps_in, self.maps_out = self.maps_out, None
+            self.maps_in, self.maps_out, self.shared = self.maps_out, None, None
             if not last:
                 transfer.between_stages(self.device)
         if self.progress:
@@ -262,7 +386,7 @@ class _Stages:
         """One tile's chunk ``c`` through ``stage``: its output (last stage) or None."""
         src = self.x if span is None else self.x[:, :, span[0]:span[1]]
         if stage.start is None:
-            tile.cut([Fraction(in_unit)] * 2, stage.cuts[None], self.x.shape[-2:])
+            self.place(tile, stage, None, [Fraction(in_unit)] * 2, self.x.shape[-2:])
             view = tile
             src = src[tile.slices()]
         else:                      # the layers before the stage run on a tiny corner of the input
@@ -279,13 +403,16 @@ class _Stages:
 
 def run_stages(fn, model: nn.Module, x: torch.Tensor, latent: tuple[int, int], plan: StagePlan, cores,
                in_unit: int, out_device: torch.device, chunks=None,
-               offload: Optional[torch.device] = None, progress=None, sample: bool = False) -> torch.Tensor:
+               offload: Optional[torch.device] = None, progress=None, sample: bool = False,
+               body: Optional[Callable] = None, fixed: bool = False) -> torch.Tensor:
     """Apply ``fn(x, model)`` tile by tile, stage by stage (see the module docstring); the arguments are
-    those of ``vae.engine.exact.run_exact`` plus the plan. ``sample``: only
-    the most interior tile runs (the planner's dry run: every tile's working set is at most its)."""
+    those of ``vae.engine.exact.run_exact`` plus the plan. ``sample``: only the first tile and the most
+    interior one run (the planner's dry run: every tile's working set is at most the larger of theirs).
+    ``body``: how the seam modules' own forwards run between the pauses, ``body(module, x, *args)``
+    (a compiled handle's graphs, vae/compile.py); None: eagerly. ``fixed`` (implied by ``body``): every
+    tile's extents of one shape, their halos overlapping (``Tile.width``), instead of shared halos."""
     tiny = tuple(min(n, 2 * a) for n, a in zip(x.shape[-2:], plan.align))
-    if sample:
-        cores = [[spans[len(spans) // 2]] for spans in cores]
-    run = _Stages(fn, model, x, latent, plan, chunks, out_device, offload or out_device, progress)
+    run = _Stages(fn, model, x, latent, plan, chunks, out_device, offload or out_device, progress, sample, body,
+                  fixed)
     with torch.inference_mode():
         return run.go(cores, in_unit, tiny)

@@ -26,6 +26,7 @@ class Tile:
     lo: list[int] = field(default_factory=list)   # the tile tensor's extent, in units of `scale`
     hi: list[int] = field(default_factory=list)
     scale: list[Fraction] = field(default_factory=list)   # map units per latent unit at the last cut
+    width: Optional[tuple[int, ...]] = None    # fixed shape: every extent as wide as a core this wide
 
     def _factor(self, x: torch.Tensor, d: int) -> Fraction:
         """Map units at ``x``'s layer per map unit at the last cut, along spatial axis ``d``."""
@@ -53,13 +54,45 @@ class Tile:
         return sizes, (..., *slices)
 
     def cut(self, scales: Sequence[Fraction], seg: Segment, full: Sequence[int]) -> None:
-        """Set the extent at ``scales``: the core plus the segment's halo, aligned, inside the map."""
+        """Set the extent at ``scales``: the core plus the segment's halo, aligned, inside the map. With
+        a fixed ``width`` every tile's extent has one shape (compiled graphs): as wide as a core of that
+        width with its halo, from the core's start less the halo, moved inward at the map's end (the
+        layers' valid context at a cut covers the next cut's extent the same way)."""
         self.scale = list(scales)
         self.lo, self.hi = [], []
-        for (a, b), s, h, al, n in zip(self.core, scales, seg.halo, seg.align, full):
+        for d, ((a, b), s, h, al, n) in enumerate(zip(self.core, scales, seg.halo, seg.align, full)):
             pad = math.ceil(h * s / al) * al
-            self.lo.append(max(0, int(a * s) - pad))
-            self.hi.append(min(n, int(b * s) + pad))
+            lo, hi = max(0, int(a * s) - pad), min(n, int(b * s) + pad)
+            if self.width is not None:
+                size = int(self.width[d] * s) + 2 * pad
+                lo = max(0, min(int(a * s) - pad, n - size))
+                hi = min(n, lo + size)
+            self.lo.append(lo)
+            self.hi.append(hi)
+
+    def shift(self, scales: Sequence[Fraction], seg: Segment, lead: Sequence[Fraction],
+              full: Sequence[int]) -> tuple[list[int], list[Optional[int]]]:
+        """Set the extent at ``scales`` for a tile that shares its halo with the tiles before it (row-major
+        order, vae/engine/stages.py): the core moved ahead by ``seg.halo`` (latent units per axis: the reach
+        of the layers still to come before the next cut) and reaching ``lead`` behind that, into what the
+        tile before it computed and hands over; a tile at the map's start begins at 0, and none is
+        narrower than its lead (near the map's end the tile before may have computed all of it).
+        Returns per axis where the part this tile computes itself begins, and where the next tile's
+        extent begins (None: none follows)."""
+        self.scale = list(scales)
+        self.lo, self.hi, own, after = [], [], [], []
+        for (a, b), s, d, e, al, n, m in zip(self.core, scales, seg.halo, lead, seg.align, full, self.latent):
+            if any(v.denominator != 1 for v in (a * s, d * s, e * s)):
+                raise RuntimeError("exact tiling: a shared halo does not fall on this layer's grid")
+            least = max(int(e * s), al)
+
+            def start(c):           # where the extent of a core starting at c begins
+                return max(0, min(int((c + d - e) * s), n - least))
+            self.lo.append(start(a) if a else 0)
+            self.hi.append(min(n, int((b + d) * s)))
+            own.append(min(n, int((a + d) * s)) if a else 0)
+            after.append(start(b) if b < m else None)
+        return own, after
 
     def slices(self) -> tuple:
         return (..., *(slice(lo, hi) for lo, hi in zip(self.lo, self.hi)))
@@ -83,10 +116,12 @@ class Tile:
         return x[(..., *cut)]
 
 
-def grid(cores: Sequence[Sequence[tuple[int, int]]], latent: tuple[int, ...]) -> list[Tile]:
-    """Every tile of the product of the per-axis core spans, row-major."""
+def grid(cores: Sequence[Sequence[tuple[int, int]]], latent: tuple[int, ...], fixed: bool = False) -> list[Tile]:
+    """Every tile of the product of the per-axis core spans, row-major; ``fixed``: every tile's extents
+    of one shape (``Tile.width``: the widest core's)."""
     import itertools
-    return [Tile(tuple(c), latent) for c in itertools.product(*cores)]
+    width = tuple(max(b - a for a, b in spans) for spans in cores) if fixed else None
+    return [Tile(tuple(c), latent, width=width) for c in itertools.product(*cores)]
 
 
 class Output:

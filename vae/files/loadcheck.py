@@ -13,6 +13,10 @@ that names the file, what is wrong, and what to do.
   loads); a part with some of them is damaged, and the message names what is missing. A key the family
   reads to decide that a part exists (``decoder.conv_in.weight``) is named through its module's other
   tensors (a ``.bias`` without its ``.weight``: ``missing_siblings``).
+- ``check_known``: a family with only a few published configurations (``ArchSpec.known_configs``): a
+  file that matches one of them but for fewer blocks of a kind its keys count lost those blocks (the
+  last mid-block resnet of a ConsistencyDecoder) and would load as a smaller model that computes
+  something else; it is refused, naming the blocks.
 - ``check_shapes``: the built model's halves, run on the meta device (shapes only), map sizes by the
   ratios the file's configuration declares: a resampler missing from one half (whose keys alone would
   read as a smaller valid model) is refused instead of encoding or decoding at the wrong size."""
@@ -236,6 +240,37 @@ def damaged(source: str, family: str, keys: Iterable[str], missing: list[str],
     extra += [f"{len(reshaped)} with another shape ({_listing(reshaped)})"] if reshaped else []
     return LoadError(f"{source} looks like {family} but {'; '.join(told)}"
                      f"{' (and ' + '; '.join(extra) + ')' if extra else ''}.", fix=DAMAGED_FIX)
+
+
+def _field(config, path: str):
+    """A dotted field of a configuration; None where a part along the way is absent (a decoder-only file)."""
+    for name in path.split("."):
+        config = getattr(config, name, None)
+        if config is None:
+            return None
+    return config
+
+
+def check_known(config, known, source: str, described: str) -> None:
+    """Refuse a configuration that is one of the family's published ones (``known``, a
+    ``spec.KnownConfigs``) with whole blocks missing: every field of a part as published but for block
+    counts that are lower. A part whose other fields differ is another variant (or absent) and passes."""
+    if known is None:
+        return
+    for part, fixed in known.parts.items():
+        got = {path: _field(config, path) for path in fixed}
+        differs = [p for p, v in fixed.items() if got[p] != v]
+        if not differs or any(p not in known.blocks or not isinstance(got[p], int) or got[p] > fixed[p]
+                              for p in differs):
+            continue
+        lost = []
+        for p in differs:
+            what, key = known.blocks[p]
+            names = _listing([f"'{key.format(i=i)}.*'" for i in range(got[p], fixed[p])])
+            lost.append(f"{got[p]} {what} where the published one has {fixed[p]} (missing: {names})")
+        raise LoadError(f"{source} looks like {described}, {part} as published, but has "
+                        f"{'; '.join(lost)}: whole blocks are gone, and its keys alone would load as a smaller "
+                        "model that computes something else.", fix=DAMAGED_FIX)
 
 
 def _meta_run(fn, x: torch.Tensor) -> Optional[torch.Tensor]:

@@ -17,28 +17,30 @@ import torch
 from .. import run as runstate
 
 
-def _where():
-    """The hooks that say where this call's map lies in the whole one: an exact tile's, a fast tile's
-    (vae/engine/tiling.py ``Place``), or None (the whole map)."""
+@torch.compiler.disable      # Python bookkeeping: a compiled graph reads it at a break
+def _extent(like: torch.Tensor):
+    """The whole map's size at ``like``'s layer and where ``like`` lies in it, per the hooks that know:
+    an exact tile's, a fast tile's (vae/engine/tiling.py ``Place``); None for the whole map."""
     run = runstate.current()
-    return run.exact if run.exact is not None else run.place
+    hooks = run.exact if run.exact is not None else run.place
+    return None if hooks is None else hooks.extent(like)
 
 
 def region_randn(shape: Sequence[int], gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:
     """``torch.randn(shape, generator=gen)`` (float32, CPU) whose last two dims are ``like``'s spatial
     size. In a tile it is the tile's part of the draw an untiled pass makes (the whole map's noise,
     then cut), so noise does not break exactness."""
-    hooks = _where()
-    if hooks is None:
+    extent = _extent(like)
+    if extent is None:
         return torch.randn(tuple(shape), generator=gen, dtype=torch.float32)
-    size, where = hooks.extent(like)
+    size, where = extent
     return torch.randn((*shape[:-2], *size), generator=gen, dtype=torch.float32)[where]
 
 
 def region_origin(like: torch.Tensor) -> tuple[int, int]:
     """Where ``like``'s map (its last two dims) starts in the whole map: (0, 0) but in a tile."""
-    hooks = _where()
-    if hooks is None:
+    extent = _extent(like)
+    if extent is None:
         return 0, 0
-    _, where = hooks.extent(like)
+    _, where = extent
     return where[-2].start, where[-1].start
