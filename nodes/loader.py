@@ -19,7 +19,7 @@ class VAEKitLoad:
     FUNCTION = "load"
     FILE_INPUTS = ("vae_name",)     # a folder listing: this node resolves the name and says where it looked
     DESCRIPTION = ("Loads a VAE (image: AutoencoderKL for SD1.x/SD2.x/SDXL/SD3/Flux.1, the TAESD family (taeqi2_1 too), the "
-                   "Consistency Decoder, Qwen-Image 2.1 (RGBA), Mage-VAE (Mage-Flow), HunyuanImage 2.1 and 3.0; video: Wan 2.1/2.2 and "
+                   "Consistency Decoder, Qwen-Image 2.1 (RGBA), Mage-VAE (Mage-Flow), HunyuanImage 2.1 and 3.0, Stable Cascade stage A; video: Wan 2.1/2.2 and "
                    "Qwen-Image, Mochi, LTX-Video, LTX-2 and LTX-2.5, HunyuanVideo, EasyAnimate, SeedVR2, CogVideoX, Cosmos-1, "
                    "Stable Video Diffusion's temporal VAE (also from its full svd/svd_xt checkpoint), "
                    "and the TAEHV family of tiny video autoencoders: taehv, taew2_1/2_2, taehv1_5, taeltx_2, taeh3, "

@@ -76,6 +76,31 @@ def diffusers_kl(latent_channels: int = 4, quant: bool = True, widths=(32, 64), 
     return jitter_norms(m).eval()
 
 
+def diffusers_paella(published: bool = False):
+    """Stable Cascade's stage A as diffusers has it (``PaellaVQModel``): the published config (2 levels, 12
+    bottleneck blocks, 384 wide, 4 latent channels, 8192 codes) or a narrow one of the same structure.
+    Random weights with the learned scalars and the latent BatchNorm's statistics off their defaults (so
+    parity checks them) and a head that keeps most pixels inside 0..1 (so clamping hides little)."""
+    pytest.importorskip("diffusers")
+    from diffusers.pipelines.deprecated.wuerstchen.modeling_paella_vq_model import PaellaVQModel
+    torch.manual_seed(0)
+    m = PaellaVQModel(**({} if published else dict(bottleneck_blocks=2, embed_dim=32, num_vq_embeddings=64)))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("gammas"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+        bn = m.down_blocks[-1][1]
+        bn.running_mean.copy_(0.1 * torch.randn(bn.num_features, generator=g))
+        bn.running_var.copy_(0.5 + torch.rand(bn.num_features, generator=g))
+        bn.weight.add_(0.1 * torch.randn(bn.num_features, generator=g))
+        bn.bias.add_(0.1 * torch.randn(bn.num_features, generator=g))
+        head = m.out_block[0]
+        head.weight.mul_(0.2)
+        head.bias.fill_(0.5)
+    return m.eval()
+
+
 def diffusers_qwen21(published: bool = False, **over):
     """Qwen-Image 2.1's VAE (diffusers' defaults are the published config: 5 levels, z 64, RGBA), narrow
     unless ``published``; RMS gammas off 1 so that parity checks them too."""
@@ -151,7 +176,7 @@ def reference_state_dicts() -> dict[str, dict]:
     from video_families import FAMILIES, tiny_state_dict
     out = {"kl-sd": diffusers_kl().state_dict(), "kl-flux1": diffusers_kl(16, quant=False).state_dict(),
            "tiny": diffusers_tiny().state_dict(), "hunyuan_image21": diffusers_hunyuan_image21().state_dict(),
-           "hunyuan_image3": hunyuan_image3_file()}
+           "hunyuan_image3": hunyuan_image3_file(), "stage_a": diffusers_paella().state_dict()}
     out.update({f: tiny_state_dict(f) for f in FAMILIES})
     consistency = ROOT / "tests" / "vae" / "test_consistency.py"
     if consistency.is_file():
@@ -317,3 +342,20 @@ def spy_tensor_reads(monkeypatch) -> list:
 
     monkeypatch.setattr(loading, "safe_open", Spy)
     return read
+
+
+def core_parity_rows(script: str, tmp_path) -> list[dict]:
+    """Run ``bench/comfyui_checks/<script>`` against ComfyUI core (COMFYUI_DIR / COMFYUI_PYTHON: the caller
+    skips without them) with ``--json``; its ``parity`` rows, asserted non-empty."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "comfyui_checks" / script), "--comfyui",
+                           os.environ["COMFYUI_DIR"], "--python", os.environ["COMFYUI_PYTHON"], "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parity = [r for r in json.loads(out.read_text()) if r["parity"]]
+    assert parity
+    return parity
+

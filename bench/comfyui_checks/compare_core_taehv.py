@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -119,22 +118,6 @@ def _reference(path: str):
     return mod
 
 
-class Table:
-    def __init__(self):
-        self.rows = []
-
-    def add(self, name: str, ours: torch.Tensor, ref: torch.Tensor, note: str, parity: bool) -> None:
-        if ours.shape != ref.shape:
-            print(f"{name:<40} SHAPE {tuple(ours.shape)} vs {tuple(ref.shape)}  {note}")
-            self.rows.append(dict(name=name, max=math.inf, mean=math.inf, parity=parity, note=note))
-            return
-        diff = (ours.float() - ref.float()).abs()
-        row = dict(name=name, max=diff.max().item(), mean=diff.mean().item(), parity=parity, note=note)
-        self.rows.append(row)
-        print(f"{name:<40} {str(tuple(ours.shape[2:])):<16} {row['max']:>9.2e} {row['mean']:>9.2e}  "
-              f"{'parity' if parity else '      '}  {note}")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     comfy_core.comparison_flags(p)
@@ -148,7 +131,7 @@ def main() -> None:
     from safetensors.torch import save_file
     sys.path.insert(0, str(ROOT))
     import vae
-    table = Table()
+    table = comfy_core.ParityTable()
     with tempfile.TemporaryDirectory(prefix="cmp_taehv_") as tmp:
         d = Path(tmp)
         g = torch.Generator().manual_seed(SEED)
@@ -214,7 +197,7 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(table.rows, indent=1))
 
 
-def original(path: str, d: Path, inputs: dict, table: Table) -> None:
+def original(path: str, d: Path, inputs: dict, table: comfy_core.ParityTable) -> None:
     """The original's own loader on the same weights (as NAME.pth), under its own file names."""
     from safetensors.torch import load_file
     import vae

@@ -92,6 +92,28 @@ def comparison_flags(p) -> None:
     p.add_argument("--worker", help=argparse.SUPPRESS)
 
 
+class ParityTable:
+    """The rows of a core comparison (``bench/comfyui_checks/compare_core_*.py``): max / mean abs difference
+    of ours against a reference, printed as they come and kept for ``--json``. ``parity`` rows compare the
+    same computation (the tests assert them); the others show where references differ. ``width``: the
+    case column; ``skip``: leading dimensions left out of the printed shape (batch, channels)."""
+
+    def __init__(self, width: int = 40, skip: int = 2):
+        self.rows, self.width, self.skip = [], width, skip
+
+    def add(self, name: str, ours, ref, note: str, parity: bool) -> None:
+        import math
+        if ours.shape != ref.shape:
+            print(f"{name:<{self.width}} SHAPE {tuple(ours.shape)} vs {tuple(ref.shape)}  {note}")
+            self.rows.append(dict(name=name, max=math.inf, mean=math.inf, parity=parity, note=note))
+            return
+        diff = (ours.float() - ref.float()).abs()
+        row = dict(name=name, max=diff.max().item(), mean=diff.mean().item(), parity=parity, note=note)
+        self.rows.append(row)
+        print(f"{name:<{self.width}} {str(tuple(ours.shape[self.skip:])):<16} {row['max']:>9.2e} {row['mean']:>9.2e}  "
+              f"{'parity' if parity else '      '}  {note}")
+
+
 def diff(a, b) -> tuple[float, float, float]:
     """Max and mean abs difference of two outputs, and the max over the larger side's largest magnitude
     (the rows of a core comparison). Different shapes end the run, saying both."""

@@ -7,10 +7,7 @@ original's parity runs its published widths."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 from unittest import mock
 
 import pytest
@@ -18,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 import vae
-from helpers import ROOT, original_module
+from helpers import core_parity_rows, original_module
 from video_families import taehv_model
 from vae.archs import taehv
 from vae.engine import defined
@@ -278,12 +275,5 @@ def test_matches_the_original_at_the_published_config(tmp_path, name):
 @pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
                     reason="set COMFYUI_DIR and COMFYUI_PYTHON to compare with ComfyUI core's TAEHV")
 def test_matches_comfyui_core(tmp_path):
-    script = ROOT / "bench" / "comfyui_checks" / "compare_core_taehv.py"
-    out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(script), "--comfyui", os.environ["COMFYUI_DIR"], "--python",
-                           os.environ["COMFYUI_PYTHON"], "--json", str(out)], capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())
-    parity = [r for r in rows if r["parity"]]
-    assert parity and all(r["max"] <= 1e-4 for r in parity), [r for r in parity if r["max"] > 1e-4]
+    parity = core_parity_rows("compare_core_taehv.py", tmp_path)
+    assert all(r["max"] <= 1e-4 for r in parity), [r for r in parity if r["max"] > 1e-4]

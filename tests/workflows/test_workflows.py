@@ -38,6 +38,7 @@ QWEN21 = "qwen_image_2.1_vae_bf16.safetensors"   # the templates' file: ComfyUI'
 
 
 MAGE = "mage_flow_vae_bf16.safetensors"   # a random-weight Mage-VAE at the published ratio (16), narrow, bf16
+STAGE_A = "stage_a.safetensors"     # Stable Cascade's file name: ComfyUI's layout, the published ratio (4), narrow, random
 # the names Comfy-Org's HunyuanImage files go by (2.1: its templates' file); ComfyUI's layout, fp16; narrow, random
 HUNYUAN_IMAGE = {"hunyuan_image_2.1_vae_fp16.safetensors": "2.1", "hunyuan_image_3_vae_fp16.safetensors": "3.0"}
 
@@ -70,6 +71,7 @@ def video_dirs(comfy_dirs):
 
 
     save_file(_mage_weights(), str(comfy_dirs / "models" / "vae" / MAGE))
+    save_file(_stage_a_weights(), str(comfy_dirs / "models" / "vae" / STAGE_A))
     for name, version in HUNYUAN_IMAGE.items():
         save_file(_hunyuan_image_weights(version), str(comfy_dirs / "models" / "vae" / name))
     return comfy_dirs
@@ -105,6 +107,13 @@ def _hunyuan_image_weights(version: str) -> dict:
     else:
         sd = hunyuan_image3_file()
     return {k: v.to(torch.float16).contiguous() for k, v in sd.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _stage_a_weights() -> dict:
+    from helpers import diffusers_paella
+    sd = diffusers_paella().state_dict()
+    return {k.replace("vquantizer.embedding.", "vquantizer.codebook."): v.contiguous() for k, v in sd.items()}
 
 
 def test_every_api_workflow_has_a_ui_twin():
@@ -376,5 +385,16 @@ def test_hunyuan_image_roundtrip_runs_headless(pack, video_dirs, version):
     h, w = want.shape[0], want.shape[1]
     assert v.spec.id == "hunyuan_image" and z.shape == ((1, 64, h // 32, w // 32) if version == "2.1" else
                                                          (1, 32, 1, h // 16, w // 16))
+    for png in (ours, core):      # ours (exact tiles) and core's VAE Decode
+        assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
+
+
+def test_stage_a_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
+    """Stable Cascade's stage A: Load Image -> Tiled Encode -> Tiled Decode (both exact, 128 px tiles) ->
+    Save Image, and core's VAE Decode of the same LATENT ([1, 4, H/4, W/4], as core's Stable Cascade
+    graphs hand stage A) -> Save Image: both the library's untiled round trip, to PNG rounding."""
+    (ours, core), v, z, want = _image_roundtrip("image_stage_a_roundtrip_api.json", STAGE_A, video_dirs,
+                                                nodes=("5", "7"))
+    assert v.spec.id == "stage_a" and z.shape == (1, 4, want.shape[0] // 4, want.shape[1] // 4)
     for png in (ours, core):      # ours (exact tiles) and core's VAE Decode
         assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
