@@ -301,7 +301,9 @@ def check_budget(vae, plan: Plan, op: str, shape: Sequence[int], budget: Optiona
         raise InputError(f"{what}, which does not fit a memory budget of {planner.gib(budget)}; its tiles are part "
                          "of the model and cannot be made smaller.", input="max_memory",
                          fix=f"give a budget of at least {math.ceil(total / planner.GIB * 10) / 10:.1f} GB, or "
-                             "decode a smaller latent (fewer pixels or frames) or keep the output off the device.")
+                             + ("decode a smaller latent (fewer latent pixels or frames)" if op == "decode" else
+                                "encode smaller frames (fewer pixels)")
+                             + " or keep the output off the device.")
     log.info("VAEKit %s: %s (budget %s).", op, what, planner.gib(budget))
 
 
