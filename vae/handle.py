@@ -13,6 +13,7 @@ import torch
 from . import checks
 from .engine import defined, exact, guard, streaming, tiling
 from .files import latents
+from .nn import posterior as gaussian
 from .errors import InputError
 from .spec import ArchSpec, Capabilities
 
@@ -213,13 +214,16 @@ class VAE:
             return (y.float() - lo) / (hi - lo)
         return fn
 
-    def encode_fn(self) -> Callable[..., torch.Tensor]:
-        """The encode of one tile: ``fn(pixels in 0..1, model=None)`` -> latent (float32)."""
+    def encode_fn(self, posterior: bool = False) -> Callable[..., torch.Tensor]:
+        """The encode of one tile: ``fn(pixels in 0..1, model=None)`` -> latent (float32); ``posterior``:
+        the posterior's mean and log-variance stacked in channels (vae/nn/posterior.py), which every
+        engine runs as a latent of twice the channels."""
         lo, hi = self.caps.value_range
+        kw = {"posterior": True} if posterior else {}
 
         def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
             model = self.model if model is None else model
-            return model.encode(self._model_input(t, model) * (hi - lo) + lo).float()
+            return model.encode(self._model_input(t, model) * (hi - lo) + lo, **kw).float()
         return fn
 
     def decode(self, z: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
@@ -272,7 +276,7 @@ class VAE:
         route = self.route(call)
         latent_units, pixel_units = self._scales()
         ins_u, outs_u = (latent_units, pixel_units) if call.decode else (pixel_units, latent_units)
-        channels = caps.image_channels if call.decode else caps.latent_channels
+        channels = caps.image_channels if call.decode else caps.latent_channels * (2 if call.posterior else 1)
         plans, chunks = route.plans, route.chunks
         if route.engine == "exact":
             units = (1, r) if call.decode else (r, 1)
@@ -395,26 +399,46 @@ class VAE:
     def encode(self, x: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
-               mode: str = "fast", budget: Optional[int] = None, offload: DeviceLike = None) -> torch.Tensor:
+               mode: str = "fast", budget: Optional[int] = None, offload: DeviceLike = None,
+               posterior: bool = False) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Images [B, C, H, W] (video: clips [B, C, T, H, W]) in 0..1 -> LATENT tensor (packed the way
-        the model family's LATENTs are). ``mode``, ``budget`` and ``offload`` as for decode."""
+        the model family's LATENTs are). ``mode``, ``budget`` and ``offload`` as for decode; an exact
+        encode of a model that streams runs its clip in time chunks when the budget asks for them.
+
+        ``posterior``: return ``(mean, logvar)``, the encoder's Gaussian posterior in the LATENT's layout
+        and normalisation (``mean`` is what ``encode(x)`` returns; ``logvar`` is the log-variance of that
+        normalised latent, clamped to [-30, 20] before the normalisation as diffusers clamps it), from
+        the same encoder output under any tiles and chunks. Families without one (TAESD) raise."""
         x = self.check_image(x)
         _check_mode(mode)
+        if posterior and not self.caps.posterior:
+            raise InputError(f"{self.name} has no Gaussian posterior: its encoder gives one latent, not a mean and "
+                             "a log-variance.", input="posterior",
+                             fix="encode without posterior (its latent is already deterministic), or use a VAE "
+                                 "with a Gaussian posterior (a KL VAE, Wan, LTX, HunyuanVideo, ...).")
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
-            return defined.encode(self, x, progress, out_device, budget, tile=tile, overlap=overlap,
-                                  tile_frames=tile_frames, overlap_frames=overlap_frames)
+            z = defined.encode(self, x, progress, out_device, budget, posterior, tile=tile, overlap=overlap,
+                               tile_frames=tile_frames, overlap_frames=overlap_frames)
+            return self._latent_out(z, posterior)
         r = self.caps.spatial_ratio
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:
             grid = ((x.shape[2] - 1) // self.caps.temporal_ratio + 1,) + grid
-        with torch.inference_mode(), guard.Guard(self, "encode", self.encode_fn()) as g:
-            call = Call(False, x.shape, grid, tile, overlap, tile_frames, overlap_frames, mode)
+        with torch.inference_mode(), guard.Guard(self, "encode", self.encode_fn(posterior)) as g:
+            call = Call(False, x.shape, grid, tile, overlap, tile_frames, overlap_frames, mode, posterior)
             z = self._planned(call, budget, out_device, offload, lambda c: self._engine(
                 g, x, c, progress, out_device, offload))
             if hasattr(self.model, "finish_encode"):     # whole-latent steps after tiling (Flux.2's BatchNorm)
-                z = self.model.finish_encode(z)
+                z = self.model.finish_encode(z, posterior=True) if posterior else self.model.finish_encode(z)
             guard.require_finite(self, z, "encode", x, {}, "pixels")
+            return self._latent_out(z, posterior)
+
+    def _latent_out(self, z: torch.Tensor, posterior: bool) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The engines' encode output as the caller gets it: packed as the family's LATENTs; a posterior
+        split into (mean, logvar), each packed alike."""
+        if not posterior:
             return latents.pack(z, self.caps.latent_pack)
+        return tuple(latents.pack(h.contiguous(), self.caps.latent_pack) for h in gaussian.split(z))
 
 
 @dataclass(frozen=True)
@@ -429,6 +453,7 @@ class Call:
     tile_frames: Optional[int] = None
     overlap_frames: Optional[int] = None
     mode: str = "fast"
+    posterior: bool = False        # an encode of the posterior: its output has twice the latent channels
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,9 @@ class Capabilities:
     # unless the call asks for temporal tiles): the reference's own chunking, e.g. Wan's one frame
     stream_chunk: int = 0
     can_encode: bool = True
+    # the encoder gives a Gaussian posterior (mean and log-variance): ``model.encode(x, posterior=True)``
+    # returns both stacked in channels (vae/nn/posterior.py); False: one deterministic latent (TAESD)
+    posterior: bool = False
     can_decode: bool = True
     default_tile: int = 512           # pixels
     default_overlap: int = 64         # pixels

@@ -193,15 +193,15 @@ def test_an_exact_encode_within_a_budget_streams_the_clip_then_tiles_it(loaded):
     """The issue's origin case in small: LTX's encoder is causal, so when one pass does not fit the
     planner keeps the frame whole and cuts the clip in time (a chunk costs no recomputation), the
     longest chunk that fits; below one latent frame's need it tiles too, each tile streamed. Every
-    plan fits its budget; the streamed one gives the latents of one pass (exact tiles streamed in time:
-    test_exact.py, test_posterior.py)."""
+    plan fits its budget; the streamed one gives the latents and the posterior of one pass (exact tiles
+    streamed in time: test_exact.py, test_posterior.py)."""
     v = loaded["ltx"]
     r, s = v.caps.temporal_ratio, v.caps.spatial_ratio
     x = torch.rand(1, 3, 1 + 2 * r, 16 * s, 16 * s)          # large enough for 4-pixel tiles to save memory
     need = {n: _need(v, x.shape, tile_frames=n * r) for n in (1, 2)}     # untiled, n latent frames a chunk
     whole, tiled = _need(v, x.shape), _need(v, x.shape, tile=4 * s, tile_frames=r)
     assert tiled < need[1] < whole          # (2 latent frames a chunk are the whole clip but its first frame)
-    one = v.encode(x)
+    one = v.encode(x), v.encode(x, posterior=True)
     for b in ((need[1] + whole) // 2, (tiled + need[1]) // 2):
         p = budget.plan(v, v.call_for("encode", x.shape, mode="exact"), b, CPU, CPU, CPU)
         fits = [n for n, m in need.items() if m <= b]
@@ -209,7 +209,9 @@ def test_an_exact_encode_within_a_budget_streams_the_clip_then_tiles_it(loaded):
         assert (p.route.cores is not None) == (not fits) and "latent frame" in p.describe()
         if not fits:
             continue
-        assert (v.encode(x, mode="exact", budget=b) - one).abs().max() <= 1e-4
+        assert (v.encode(x, mode="exact", budget=b) - one[0]).abs().max() <= 1e-4
+        for got, want in zip(v.encode(x, mode="exact", budget=b, posterior=True), one[1]):
+            assert (got - want).abs().max() <= 1e-4
 
 
 def test_an_encode_that_fits_no_budget_names_the_frames_and_the_smallest_budget(loaded):

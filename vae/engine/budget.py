@@ -111,7 +111,7 @@ def _output_bytes(handle, call) -> int:
         frames = handle.frames_for(call.grid[0]) if handle.is_video else 1
         px = math.prod(n * caps.spatial_ratio for n in call.grid[-2:])
         return call.shape[0] * caps.image_channels * frames * px * 4
-    return call.shape[0] * caps.latent_channels * math.prod(call.grid) * 4
+    return call.shape[0] * caps.latent_channels * (2 if call.posterior else 1) * math.prod(call.grid) * 4
 
 
 def _subgrid(cores, x: torch.Tensor, in_unit: int, most: int):
@@ -132,7 +132,7 @@ def predict(handle, call, device: torch.device, offload: torch.device) -> Predic
 def _predict(handle, call, device: torch.device, offload: torch.device) -> Prediction:
     route = handle.route(call)
     model = memory.meta_model(handle.model)
-    fn = handle.decode_fn() if call.decode else handle.encode_fn()
+    fn = handle.decode_fn() if call.decode else handle.encode_fn(call.posterior)
     x = torch.empty(call.shape, device="meta")
     output = _output_bytes(handle, call)
     if route.engine == "exact":
