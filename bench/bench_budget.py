@@ -1,7 +1,7 @@
 """Exact within a memory budget: measured working sets beside the planner's predictions, one pass beside
 exact tiles, and the plans for sizes this machine cannot run.
 
-    python bench/bench_budget.py scaling --family wan             # the issue's table for Wan 2.1
+    python bench/bench_budget.py scaling --family wan             # the table of docs/memory.md for Wan 2.1
     python bench/bench_budget.py scaling --family wan --sizes 256x384x17,512x768x17 --tile 256x192 --kinds exact
     python bench/bench_budget.py scaling --family hunyuan_video15 --sizes 256x384x9,512x768x9
     python bench/bench_budget.py scaling --family qwen --sizes 2048x2048x1 --tile 512

@@ -13,7 +13,7 @@ Every configuration runs in its own process, so peak RSS is per configuration; `
 the peak minus the RSS once the weights are loaded (the peak mark is reset after loading, as in
 bench_decode.py). Core ComfyUI's node calls ``vae.decode_tiled(z, tile//8, tile//8, overlap//8)``:
 three passes of differently shaped tiles, averaged. Errors are against our untiled output, on 0..1
-pixels; PSNR in dB. Nothing is asserted: figures and the issue's targets are printed.
+pixels; PSNR in dB. Nothing is asserted: figures and the targets are printed.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """MiniMax H3 video VAE decode (and encode): VAEKit beside ComfyUI core on the same file, one run each.
 
-    flock LOCKFILE python bench/bench_minimax.py --comfyui PATH/TO/ComfyUI \\
+    python bench/bench_minimax.py --comfyui PATH/TO/ComfyUI \\
         --comfy-python PATH/TO/venv/bin/python --newer-tiled-decode FILE --frames 22 --height 512 --width 512
 
 Weights: the published config (2.60 G parameters) with random weights under a fixed seed
@@ -11,7 +11,7 @@ on a CPU: fp32 compute (int8 layers: int8 matmuls, activations quantized per row
 17k+5 frames (t = 5k+2); encode: rand clip of that many frames.
 
 One subprocess per run (core's under ComfyUI's python), the peak-RSS mark reset after loading
-(bench_decode.measure): ``load MiB`` = RSS after load (the weights as held), ``working MiB`` = peak RSS
+(bench/harness/measure.py): ``load MiB`` = RSS after load (the weights as held), ``working MiB`` = peak RSS
 during the call - RSS after load (the float32 output included: ``output MiB``), ``cpu s`` = process CPU
 time of the call. ``max err`` against the first run of the same direction (0..1 pixels / latents).
 

@@ -7,7 +7,7 @@ one run each (CPU, fp32).
 Weights: the published config with random weights under a fixed seed, in core's layout
 (compare_core_seedvr2.published_weights); latent randn(1, 16, t, h/8, w/8), clip rand(1, 3, 1+4(t-1), h, w).
 One subprocess per run (core's under ComfyUI's python); the peak-RSS mark is reset after loading
-(bench_decode.measure), so ``working MiB`` = peak RSS during the call - RSS after load, and ``w/o output``
+(bench/harness/measure.py), so ``working MiB`` = peak RSS during the call - RSS after load, and ``w/o output``
 subtracts the float32 output every run returns. ``max err``: max abs difference against the op's first run (decode:
 ours one pass, pixels 0..1; encode: ours framewise, latents). ``cpu s``: the process's CPU time of the call.
 

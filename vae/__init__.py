@@ -27,4 +27,7 @@ def __getattr__(name: str):
     if _TORCH_MISSING is not None and name in __all__:
         import sys
         raise ImportError(TORCH_HELP.format(python=sys.executable, error=_TORCH_MISSING))
+    if name == "cache":          # a front end above this package: loaded by its own import (tests/test_layout.py)
+        raise AttributeError("vae.cache (the trainers' latent cache) is loaded by its own import: "
+                             "`import vae.cache` or `from vae import cache`, then vae.cache(...).")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

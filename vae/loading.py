@@ -4,7 +4,9 @@
 only, so a pickle that would run code is refused, never executed (files/pickle_scan.py says why a file was
 refused without unpickling it). A file is validated before any tensor is used (files/safetensors_header.py),
 and every step a family runs on its tensors is guarded (files/loadcheck.py), so a malformed file fails with
-one LoadError naming the file, the problem and a fix, and no half-built model.
+one LoadError naming the file, the problem and a fix, and no half-built model. The model gets its own
+contiguous copy of every tensor (``_handed_over``), so every file and key layout of the same weights
+runs bit for bit the same.
 
 A full checkpoint (a diffusion model with its VAE under ``vae.`` / ``first_stage_model.``, and for
 LTX-2 an audio VAE and a vocoder beside it) is read for its VAE only: of a .safetensors file, only
@@ -200,9 +202,27 @@ def from_state_dict(sd: Mapping[str, torch.Tensor], name_hint: Optional[str] = N
     loadcheck.check_shapes(model.eval(), caps, source, described, config)
     loadcheck.check_weights(sd, source, described, expected=model.state_dict())
     with loadcheck.family_step(spec.name, source):
-        model.load_state_dict(sd, strict=True, assign=True)
+        model.load_state_dict(_handed_over(sd, device), strict=True, assign=True)
     model.eval().requires_grad_(False)
     return VAE(spec, config, model, dtype=dtype, device=device, source=source)
+
+
+def _handed_over(sd: Mapping[str, torch.Tensor], device=None) -> dict[str, torch.Tensor]:
+    """The tensors as the model receives them, whatever file, layout or object they came from: each a
+    fresh contiguous tensor with a storage of its own, on ``device`` (default the CPU).
+
+    Tensors arrive in many shapes of memory: views into a memory-mapped .safetensors file at whatever
+    byte offset the file gives them, a pickle's shared storages, slices and reshapes a key conversion
+    made, a caller's own tensors. CPU kernels choose their path (and so the order they round in) from
+    strides and data alignment, so one model's weights held in two such ways can give results 1e-7
+    apart (seen on an AMD EPYC between two key layouts of the same Mage-VAE file). Copied here into
+    the allocator's memory, contiguous, every layout hands the model the same tensors and runs bit for
+    bit the same; and a handle never shares memory with the file or the caller's state dict. The copy
+    is freed tensor by tensor when ``VAE.to`` casts to another dtype, so the peak stays that of the
+    cast."""
+    where = torch.device(device) if device is not None else torch.device("cpu")
+    return {k: torch.empty_like(t, device=where, memory_format=torch.contiguous_format).copy_(t)
+            for k, t in sd.items()}
 
 
 def _compare(model, sd) -> tuple[list[str], list[str], list[str]]:

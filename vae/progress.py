@@ -21,8 +21,10 @@ _CURRENT: contextvars.ContextVar[Optional[Progress]] = contextvars.ContextVar("v
 class TerminalBar:
     """``[#####.....]  12/40 tiles  3.1 s, ETA 7.2 s`` redrawn in place; a new line when a run ends."""
 
-    def __init__(self, stream: TextIO, width: int = 30, label: str = "steps", min_interval: float = 0.1):
+    def __init__(self, stream: TextIO, width: int = 30, label: str = "steps", min_interval: float = 0.1,
+                 note: Optional[Callable[[], str]] = None):
         self.stream, self.width, self.label, self.min_interval = stream, width, label, min_interval
+        self.note = note            # more text after the count (the cache's frames per second)
         self.start = self.last = None
         # The first callback comes after the first tile or chunk, so a run's clock starts at the
         # previous event (the bar's creation, the last callback): timed from its own first
@@ -43,8 +45,9 @@ class TerminalBar:
         share = done / total if total else 0.0
         eta = f", ETA {elapsed / share - elapsed:.1f} s" if 0 < share < 1 else ""
         filled = int(self.width * share)
-        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {_count(done):>4}/{_count(total)} {self.label}  "
-                          f"{elapsed:.1f} s{eta}   ")
+        note = f"  {self.note()}" if self.note else ""
+        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {_count(done):>4}/{_count(total)} {self.label}"
+                          f"{note}  {elapsed:.1f} s{eta}   ")
         self.open = not finished
         if finished:
             self.stream.write("\n")

@@ -196,15 +196,24 @@ def serve(rank: int, world: int, init: str, device: torch.device, timeout: float
     dist.destroy_process_group()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description="a VAEKit worker process (started by vae.workers.Pool)")
+def worker_args(description: str, argv=None, **more) -> argparse.Namespace:
+    """A worker process's command line: its rank, the world, the group's init address and its device (and
+    ``more``: name -> argparse options); the torch threads set to this process's share of the CPUs."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--init", required=True)
     p.add_argument("--device", required=True)
-    p.add_argument("--timeout", type=float, default=1800)
-    a = p.parse_args()
+    for name, kw in more.items():
+        p.add_argument(name, **kw)
+    a = p.parse_args(argv)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.world))
+    return a
+
+
+def main() -> None:
+    a = worker_args("a VAEKit worker process (started by vae.workers.Pool)",
+                    **{"--timeout": dict(type=float, default=1800)})
     serve(a.rank, a.world, a.init, torch.device(a.device), a.timeout)
 
 

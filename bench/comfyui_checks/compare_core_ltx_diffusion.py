@@ -17,7 +17,7 @@ decode. Also neighbourhood attention alone: ours
 (tests/ltx_diffusion_common.py) against ComfyUI's ``comfy_kitchen.na3d`` on the same q/k/v.
 
 ``--memory``: one subprocess per run (core's under ComfyUI's python); the peak-RSS mark is reset after
-loading (bench_decode.measure), so ``working MiB`` is peak RSS during the call minus RSS after load;
+loading (bench/harness/measure.py), so ``working MiB`` is peak RSS during the call minus RSS after load;
 ``cpu s`` the process CPU time of the call. ``max err`` against ours untiled. Runs: ``ours`` (VAE.decode),
 ``ours_exact`` (exact tiles of ``--tile`` px), ``ours_fast`` (fast tiles, overlap a quarter),
 ``core`` (VAE Decode), ``core_tiled`` (VAE Decode (Tiled) at the templates' 512/64 px, 64/16 frames).

@@ -22,7 +22,7 @@ own bf16 result against its fp32 one gives the scale of bf16 rounding. ``clamped
 share of decoded pixels at 0 or 1 (random weights; a saturated decoder would hide differences).
 
 --bench N: one subprocess per run, fp32, --threads threads, decode of a (1, 128, N/16, N/16) latent and
-encode of an N x N image; the peak-RSS mark is reset after loading (bench_decode.measure), so
+encode of an N x N image; the peak-RSS mark is reset after loading (bench/harness/measure.py), so
 ``working set`` = peak RSS during the call - RSS after load. Core's figures are its plain VAE Decode /
 Encode (one pass; core's CPU device never tiles for memory). Nothing is asserted."""
 from __future__ import annotations

@@ -4,7 +4,7 @@ inputs; prints max / mean abs difference per case (pixels 0..1 for decode, laten
     python bench/comfyui_checks/compare_core_minimax.py --comfyui /path/to/ComfyUI --python /path/to/venv/bin/python
     python bench/comfyui_checks/compare_core_minimax.py ... --sizes tiny --newer-tiled-decode FILE
     python bench/comfyui_checks/compare_core_minimax.py ... --sizes tiny_int8 [--core-attention pytorch]
-    flock LOCKFILE python bench/comfyui_checks/compare_core_minimax.py ... --sizes published,int8
+    python bench/comfyui_checks/compare_core_minimax.py ... --sizes published,int8     # ~10 GB per process
 
 Core is run in a subprocess under its own python (CPU, fp32; this file in --worker mode), ours in
 another; nothing is asserted. Sizes:
@@ -19,7 +19,7 @@ another; nothing is asserted. Sizes:
 - ``published``: the published config (2.60 G parameters) with random weights stored fp16 as
   ComfyUI's ``minimax_h3_video_vae_fp16.safetensors`` is (its layout, latent statistics included),
   loaded by core's ``comfy.sd.VAE`` (its detection, dtype choice: fp32 on CPU, VAE Decode / Encode's
-  calls) and by ``vae.load``; each side holds ~9.7 GiB: run it under the heavy lock;
+  calls) and by ``vae.load``; each side holds ~9.7 GiB (on a shared machine, run it alone);
 - ``int8``: that file quantized by core's own code (comfy_kitchen's int8 + Hadamard rotation, the
   format of ``minimax_h3_video_vae_int8_convrot.safetensors``), both sides running it
   as core does (activations quantized per row, int8 matmuls);

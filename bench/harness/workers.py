@@ -44,7 +44,7 @@ def diffusers_from_file(cls, path: Path, **config):
 
 def measure_saved(threads: int, source: Path, build, out_stem: Path, repeat: int = 1) -> None:
     """A worker's measurement: the input saved at ``source`` (.npy), ``build()`` -> (model, call), ``repeat``
-    timed calls by bench_decode.measure (figures to ``out_stem``.json, the output to ``out_stem``.npy)."""
+    timed calls by measure.measure (figures to ``out_stem``.json, the output to ``out_stem``.npy)."""
     import numpy as np
     import torch
     from .measure import measure

@@ -241,8 +241,8 @@ class _CascadeLikeCoreVAE:
 
 
 def test_a_core_vae_that_encodes_and_decodes_at_different_ratios_tiles_both_ways(pack):
-    """Each direction is planned with its own ratio (it used to plan encode tiles with the decode
-    ratio: 'tile function returned (1, 16, 2, 2), expected (1, 16, 8, 8)' with core's Stage C)."""
+    """Each direction is planned with its own ratio (encode tiles planned with the decode ratio fail with
+    'tile function returned (1, 16, 2, 2), expected (1, 16, 8, 8)' on core's Stage C)."""
     core = _CascadeLikeCoreVAE()
     x = torch.rand(1, 256, 192, 3)
     (lat,) = _node(pack, "VAEKitTiledEncode").encode(x, core, tile_size=64, overlap=0, mode="fast")

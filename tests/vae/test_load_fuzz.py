@@ -270,7 +270,8 @@ def test_an_absent_half_loads_as_a_half_file(family, part, can, state_dicts):
 
 
 def test_a_mochi_half_without_its_first_tensors_is_not_read_as_absent(state_dicts):
-    """genmo's layout: the decoder's first conv missing used to load the encoder alone, silently."""
+    """genmo's layout: the decoder's first conv missing is a damaged decoder, not an encoder-only file
+    (dropping the half's keys would load the encoder alone, silently)."""
     sd = _canonical(state_dicts["mochi"])
     del sd["decoder.blocks.0.0.weight"]
     assert "'decoder.blocks.0.0.weight'" in _message(lambda: vae.from_state_dict(sd))
@@ -287,7 +288,8 @@ def test_halves_that_compress_differently_are_refused(family, drop, state_dicts)
 
 
 def test_an_optional_encoder_without_its_levels(state_dicts):
-    """The Consistency Decoder's optional KL encoder, its down levels gone: it used to encode at 1x."""
+    """The Consistency Decoder's optional KL encoder, its down levels gone: refused (it would read as a
+    1x encoder)."""
     sd = {k: v for k, v in state_dicts["consistency"].items() if not k.startswith("encoder.down_blocks.")}
     assert "has no tensor 'encoder.down.0.block.0.conv1.weight' (its encoder is incomplete" in \
         _message(lambda: vae.from_state_dict(sd))

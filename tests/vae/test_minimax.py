@@ -526,8 +526,8 @@ def _to_diffusers_in_place(sd: dict) -> dict:
 def test_published_config_parity():
     """The published config (2.60 G parameters; diffusers' default config is it), random weights, fp32,
     the same tensors on both sides: one frame and clips, both directions, against diffusers. Ours runs
-    first, then its weights are renamed in place for diffusers: the process peaks near 10 GB (run it
-    under the heavy lock)."""
+    first, then its weights are renamed in place for diffusers: the process peaks near 10 GB (on a shared
+    machine, run it alone)."""
     import gc
     sd = _published_weights()
     v = vae.from_state_dict(sd)

@@ -99,7 +99,7 @@ def test_real_taef2_weights_reconstruct_a_photograph(shared_data):
     score = psnr(y, x)
     print(f"TAEF2 round trip PSNR {score:.2f} dB")
     # measured 31.19 dB on this photo (NASA's astronaut, 512x512), bit-identical to the upstream
-    # reference implementation on the same weights; the 33 dB is above what TAEF2 itself
+    # reference implementation on the same weights; a 33 dB target is above what TAEF2 itself
     # reaches on detailed photos (29.6-32.8 dB on scikit-image's photographs)
     assert score >= 30.5
     # ComfyUI accepts the unpacked 32-channel layout too; both decode identically

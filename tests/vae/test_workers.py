@@ -43,7 +43,10 @@ def test_cli_decode_across_processes_equals_one_untiled_pass(tmp_path, launch):
         _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", 2, "-m", "vae", *common)
     _run("-m", "vae", "decode", "--vae", weights, "--tile", 0, "-o", tmp_path / "u", latent)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d_00001_.png", "u_00001_.png"]    # rank 0 wrote, once
-    assert (read_image(tmp_path / "d_00001_.png") - read_image(tmp_path / "u_00001_.png")).abs().max() == 0
+    # exact tiles equal one pass to float rounding (tiles of another size may take another conv kernel,
+    # which rounds in another order): a value near an 8-bit step may land on the next one, never further
+    diff = (read_image(tmp_path / "d_00001_.png") - read_image(tmp_path / "u_00001_.png")).abs()
+    assert diff.max() <= 1 / 255 + 1e-6 and (diff > 0).float().mean() <= 1e-3
 
 
 @pytest.mark.parametrize("text, message", [

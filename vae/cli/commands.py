@@ -6,6 +6,7 @@
   decode --vae F LATENT.latent  decode a ComfyUI .latent file to PNGs named as ComfyUI's Save Image
   encode --vae F IMAGE...       encode images to a ComfyUI .latent file
   run WORKFLOW_API.json         run an API-format workflow from workflows/ in-process
+  cache --vae F INPUT... -o DIR cache a dataset's latents for a trainer, exactly (docs/cache.md)
 
 A progress bar (tiles or chunks done, elapsed, ETA) goes to stderr when it is a terminal; -q hides it.
 decode/encode --devices cuda:0,cuda:1 (or cpu,cpu) share the tiles among worker processes, one per
@@ -245,6 +246,8 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
                                                       "and vae_approx/ subfolders); repeat for more folders")
     s.add_argument("--input", help="folder LoadImage/LoadLatent read from (needed when the workflow has them)")
     s.add_argument("--output", default="output", help="folder SaveImage/SaveLatent write to (created if missing)")
+    from .cache import add as add_cache
+    add_cache(command, quiet)
     return p
 
 
@@ -263,7 +266,7 @@ def main(argv=None, prog: str = PROG) -> int:
     debug = "--debug" in argv
     try:
         a = _parser(prog).parse_args(argv)
-        a.fn(a)
+        code = a.fn(a)             # a command may end with a status of its own (cache: 1 if items failed)
     except UsageError as e:
         _say(str(e))
         return 2
@@ -290,7 +293,7 @@ def main(argv=None, prog: str = PROG) -> int:
         _say(f"{type(e).__name__}: {e} (an internal error: run again with --debug for the traceback and please "
              "report it).")
         return 1
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":
