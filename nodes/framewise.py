@@ -14,8 +14,9 @@ from .socket import as_engine
 from .tiled import _BUDGET, _DECODE_OPTIONS, _budget, _latent_tensor, _prepare, _temporal_ratio
 
 EXACTNESS = ("Exact (equal to a one-pass decode): Wan 2.1/2.2 (also Qwen-Image's VAE), HunyuanVideo 1.5, Mochi, "
-             "EasyAnimate Magvit, SeedVR2, and image VAEs (TAESD family, "
-             "SD/Flux KL) decoding a batch of frames. Approximate (overlapping chunks, blended): HunyuanVideo 1.0 "
+             "EasyAnimate Magvit, SeedVR2, the TAEHV family (taeh3 runs MiniMax H3's own units), and image VAEs "
+             "(TAESD family, SD/Flux KL) decoding a batch of frames; CogVideoX always runs its own batches (3 latent "
+             "frames, then 2: part of its definition, whatever is set here). Approximate (overlapping chunks, blended): HunyuanVideo 1.0 "
              "(GroupNorm and attention over the whole clip), LTX-Video and LTX-2 (their decoders are not causal: "
              "an LTX-2 frame depends on 22 latent frames either way, LTX-2.3's on 14), LTX-2.5's diffusion decoder "
              "(its attention windows reach about 18 latent frames either way); raise 'overlap' to shrink "

@@ -95,9 +95,13 @@ class VAEKitVAE:
         return f"VAEKitVAE({self.handle!r})"
 
     # -- calls core makes (latent units for decode_tiled, pixels for encode_tiled, as core) --
-    def _out(self, images: torch.Tensor) -> torch.Tensor:
-        """[B, C, H, W] -> IMAGE; video [B, C, T, H, W] -> [B, T, H, W, C] (core's VAEDecode flattens it)."""
-        return bchw_to_image(images)
+    def _out(self, images: torch.Tensor, samples: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """[B, C, H, W] -> IMAGE; video [B, C, T, H, W] -> [B, T, H, W, C] (core's VAEDecode flattens it). An
+        image VAE whose LATENTs carry a frame axis (HunyuanImage 3.0; core's 3-D VAE) given such a LATENT
+        returns [B, 1, H, W, C], as core's."""
+        out = bchw_to_image(images)
+        frame_axis = self.handle.caps.latent_frame_axis and samples is not None and samples.dim() == 5
+        return out.unsqueeze(1) if frame_axis and out.dim() == 4 else out
 
     def _clip(self, pixels: torch.Tensor, not_video: Optional[bool] = None) -> torch.Tensor:
         """IMAGE -> model layout, as core's VAE.encode: sides centre-cropped to multiples of the ratio; a
@@ -112,7 +116,7 @@ class VAEKitVAE:
     def decode(self, samples: torch.Tensor, vae_options: Optional[dict] = None) -> torch.Tensor:
         _comfy.prepare(self.handle, "decode", samples.shape)
         return self._out(self.handle.decode(samples, progress=_comfy.progress_callback(),
-                                            out_device=_comfy.intermediate_device(), **(vae_options or {})))
+                                            out_device=_comfy.intermediate_device(), **(vae_options or {})), samples)
 
     def decode_tiled(self, samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         r = self.spacial_compression_decode()
@@ -124,7 +128,7 @@ class VAEKitVAE:
                                             tile_frames=frames,
                                             overlap_frames=int(overlap_t or 1) * rt,
                                             progress=_comfy.progress_callback(),
-                                            out_device=_comfy.intermediate_device()))
+                                            out_device=_comfy.intermediate_device()), samples)
 
     def encode(self, pixels: torch.Tensor, not_video: Optional[bool] = None) -> torch.Tensor:
         x = self._clip(pixels, not_video)

@@ -14,18 +14,20 @@ _TILE = ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32,
                  "tooltip": "Tile size in pixels. Each tile covers about this much plus the overlap it shares with "
                             "its neighbours; an image no larger than this is processed in one untiled pass. "
                             "Smaller tiles use less memory. MiniMax H3 runs its own tiles (256 px, part of the "
-                            "model's definition) whatever is set here."})
+                            "model's definition) whatever is set here, and its tiny autoencoder taeh3 whole frames."})
 _OVERLAP = ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32,
                     "tooltip": "Pixels shared by neighbouring tiles and blended (at most half the tile). "
                                "More overlap hides seams better and costs a little more time."})
 _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4, "advanced": True,
                      "tooltip": "Frames per temporal tile (pixel frames), for video VAEs; a clip no longer than "
                                 "this is one pass in time. Models that stream through causal caches (Wan, "
-                                "HunyuanVideo 1.5, Mochi, Magvit, SeedVR2; the LTX-Video and LTX-2 encoders) take the "
-                                "clip this many frames at a time with an exact result (Wan and SeedVR2 at most 4, one "
-                                "latent frame, "
-                                "HunyuanVideo 1.5 at most 8, two, as their references run: more frames only cost "
-                                "memory); others blend overlapping tiles, approximately: an LTX-2 "
+                                "HunyuanVideo 1.5, Mochi, Magvit, SeedVR2, the TAEHV decoders; the LTX-Video and LTX-2 "
+                                "encoders) take the clip this many frames at a time with an exact result (Wan and "
+                                "SeedVR2 at most 4, one latent frame, HunyuanVideo 1.5 at most 8, two, as their "
+                                "references run, TAEHV at most 16 (32 for taeltx_2), four: more frames only cost "
+                                "memory; CogVideoX decodes in its own batches of latent frames, 3 then 2, whatever "
+                                "is set: they are part of its definition); others blend overlapping tiles, "
+                                "approximately: an LTX-2 "
                                 "decoder frame depends on 22 latent frames (176 frames; LTX-2.3: 14, 112 frames; "
                                 "LTX-2.5's diffusion decoder: about 18) either way, so frames nearer a tile edge "
                                 "than that differ from one pass. Ignored by image VAEs and by MiniMax H3 (17-frame "
@@ -60,9 +62,10 @@ _MODE = (["exact", "fast"], {"default": "exact",
                                "rounding level): tiles carry a halo as wide as the layers' reach, attention runs "
                                "on the whole latent (LTX-2.5's neighbourhood attention is local: its tiles carry "
                                "the windows' reach), GroupNorm statistics are shared; overlap is not used. Wan, "
-                               "Qwen-Image, HunyuanVideo 1.5 and LTX run tile after tile, each through all its "
+                               "Qwen-Image, HunyuanVideo 1.5, LTX and the TAEHV family run tile after tile, each "
+                               "through all its "
                                "frames, so memory is one tile's however large the image or clip; VAEs with "
-                               "GroupNorm (SD/Flux KL, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2) keep paused "
+                               "GroupNorm (SD/Flux KL, HunyuanImage, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2, CogVideoX) keep paused "
                                "tiles on the CPU while a GPU runs the others. fast: independent tiles blended in "
                                "their overlap: "
                                "faint seams (and flicker in video) where tiles meet, for somewhat less time and "
@@ -97,7 +100,9 @@ class VAEKitTiledDecode:
                                               "LATENT core's nodes make (packed 2x2, normalised by the VAE's BatchNorm "
                                               "statistics); a 32-channel one is read as that latent unpacked (taef2's "
                                               "space, as core's TAESD path makes it), not as diffusers' raw z. Qwen-Image "
-                                              "2.1: the 64-channel image LATENT [N, 64, h, w]; it decodes to RGBA."}),
+                                              "2.1: the 64-channel image LATENT [N, 64, h, w]; it decodes to RGBA. HunyuanImage "
+                                              "2.1: [N, 64, h, w] (32x); 3.0: [N, 32, 1, h, w] as core's VAE Encode "
+                                              "gives it (or [N, 32, h, w])."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             # optional, after the older widgets: saved workflows keep their widget positions
@@ -121,7 +126,8 @@ class VAEKitTiledEncode:
     CATEGORY = CATEGORY
     RETURN_TYPES = ("LATENT",)
     OUTPUT_TOOLTIPS = ("The latent, in the layout the VAE's diffusion model expects (Flux.2: 128 channels, packed "
-                       "2x2 and normalised by the VAE's BatchNorm statistics, as core's VAE Encode gives it).",)
+                       "2x2 and normalised by the VAE's BatchNorm statistics; HunyuanImage 3.0: [N, 32, 1, h, w]; as "
+                       "core's VAE Encode gives them).",)
     FUNCTION = "encode"
     LIBRARY_INPUTS = _TILING_INPUTS
     DESCRIPTION = "Encodes images tile by tile into one preallocated latent; memory is bounded by the tile."
@@ -131,7 +137,8 @@ class VAEKitTiledEncode:
         return {"required": {
             "pixels": ("IMAGE", {"tooltip": "Images [N, H, W, 3] in 0..1; sides must be multiples of the VAE's "
                                             "compression (8 for SD/Flux.1 and Wan 2.1 VAEs, 16 for Flux.2's packed "
-                                            "latents, Wan 2.2, Qwen-Image 2.1 and Mage-VAE). A video VAE takes the batch as one clip, as "
+                                            "latents, Wan 2.2, Qwen-Image 2.1, Mage-VAE and HunyuanImage 3.0, 32 for "
+                                            "HunyuanImage 2.1). A video VAE takes the batch as one clip, as "
                                             "core's VAE Encode does: N images give 1 + (N-1)//4 latent frames for "
                                             "Wan (frames past the last whole group are dropped); one image is a "
                                             "one-frame clip (Qwen-Image). An RGBA VAE (Qwen-Image 2.1) gets RGB with opaque "

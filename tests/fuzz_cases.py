@@ -378,7 +378,7 @@ def _all_file_cases(sd: Sd, seed: int) -> Iterator[tuple[str, str, bytes]]:
 
 def families() -> dict[str, Callable[[], Sd]]:
     """Family id -> its tiny state dict (diffusers layout), as the other tests build them."""
-    from helpers import diffusers_kl, diffusers_tiny
+    from helpers import diffusers_hunyuan_image21, diffusers_kl, diffusers_tiny, hunyuan_image3_file
     from video_families import FAMILIES, tiny_state_dict
 
     def consistency():
@@ -395,7 +395,8 @@ def families() -> dict[str, Callable[[], Sd]]:
         return diffusers_flux2.model().state_dict()
 
     out = {"kl": lambda: diffusers_kl().state_dict(), "tiny": lambda: diffusers_tiny().state_dict(),
-           "consistency": consistency, "flux2": flux2}
+           "consistency": consistency, "flux2": flux2,
+           "hunyuan_image21": lambda: diffusers_hunyuan_image21().state_dict(), "hunyuan_image3": hunyuan_image3_file}
     out.update({f: (lambda f=f: tiny_state_dict(f)) for f in FAMILIES})
     return out
 

@@ -26,6 +26,20 @@ def module_attrs(model: torch.nn.Module) -> dict:
             for name, m in model.named_modules()}
 
 
+def original_module(env: str, what: str):
+    """An original repository's source file (e.g. madebyollin's taesd.py), imported from the local copy
+    the environment variable ``env`` names: a test-time oracle only. CI has neither network nor a copy,
+    so the test is skipped there (``what`` says which copy to give)."""
+    import importlib.util
+    path = os.environ.get(env)
+    if not path or not os.path.isfile(path):
+        pytest.skip(f"set {env} to a copy of {what}")
+    spec = importlib.util.spec_from_file_location(f"_{env.lower()}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def jitter_norms(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
     """Random GroupNorm affine parameters, so a parity test also checks the norms' weights."""
     g = torch.Generator().manual_seed(1)
@@ -61,6 +75,49 @@ def diffusers_qwen21(published: bool = False, **over):
     return m.eval()
 
 
+# HunyuanImage: the published structures (2.1: 6 levels, 5 spatial resamplers, 64 channels, 32x; 3.0: 5 levels,
+# 4 resamplers, the inner 2 also temporal, 32 channels, 16x), narrow (GroupNorm's 32 groups) unless published
+HUNYUAN_IMAGE21 = dict(latent_channels=64, block_out_channels=(32, 32, 64, 64, 128, 128), layers_per_block=1)
+HUNYUAN_IMAGE21_PUBLISHED = dict(latent_channels=64, block_out_channels=(128, 256, 512, 512, 1024, 1024),
+                                 layers_per_block=2)
+HUNYUAN_IMAGE3 = dict(latent_channels=32, block_out_channels=(32, 32, 64, 64, 64), layers_per_block=1)
+HUNYUAN_IMAGE3_PUBLISHED = dict(latent_channels=32, block_out_channels=(128, 256, 512, 1024, 1024), layers_per_block=2)
+
+
+def diffusers_hunyuan_image21(published: bool = False, **over):
+    """HunyuanImage 2.1's VAE, diffusers' ``AutoencoderKLHunyuanImage`` (its converter's config when
+    ``published``), seeded, norms jittered."""
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    cfg = {**(HUNYUAN_IMAGE21_PUBLISHED if published else HUNYUAN_IMAGE21), **over}
+    m = diffusers.AutoencoderKLHunyuanImage(in_channels=3, out_channels=3, spatial_compression_ratio=32,
+                                            sample_size=384, **cfg)
+    return jitter_norms(m, scale=0.2).eval()
+
+
+def hunyuan_image3(published: bool = False, **over):
+    """HunyuanImage 3.0's VAE (diffusers has no class): our model, seeded, norms jittered. Its state dict
+    (``hunyuan_image3_file``) is in Tencent's = ComfyUI's names; tests/vae/test_hunyuan_image.py checks the
+    model against Tencent's ``AutoencoderKLConv3D`` when HUNYUAN_IMAGE3_REFERENCE names a copy."""
+    from vae.archs import hunyuan_image
+    from vae.archs.hunyuan_video15 import Resample
+    cfg = {**(HUNYUAN_IMAGE3_PUBLISHED if published else HUNYUAN_IMAGE3), **over}
+    w = cfg["block_out_channels"]
+    down = tuple(Resample(w[i + 1], i >= 2) for i in range(len(w) - 1)) + (None,)
+    up = (None,) + tuple(Resample(w[i - 1], i >= len(w) - 2) for i in range(1, len(w)))
+    torch.manual_seed(0)
+    m = hunyuan_image.HunyuanImageVAE(hunyuan_image.HunyuanImageConfig(
+        widths=tuple(w), layers_per_block=cfg["layers_per_block"], latent_channels=cfg["latent_channels"],
+        down=down, up=up, dims=3))
+    return jitter_norms(m, scale=0.2).eval()
+
+
+def hunyuan_image3_file(published: bool = False, **over) -> dict:
+    from vae.archs import hunyuan_image_layout
+    return hunyuan_image_layout.to_original({k: v.contiguous() for k, v in hunyuan_image3(published, **over)
+                                             .state_dict().items()})
+
+
 def diffusers_tiny(latent_channels: int = 4, width: int = 16):
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
@@ -78,7 +135,8 @@ def reference_state_dicts() -> dict[str, dict]:
 
     from video_families import FAMILIES, tiny_state_dict
     out = {"kl-sd": diffusers_kl().state_dict(), "kl-flux1": diffusers_kl(16, quant=False).state_dict(),
-           "tiny": diffusers_tiny().state_dict()}
+           "tiny": diffusers_tiny().state_dict(), "hunyuan_image21": diffusers_hunyuan_image21().state_dict(),
+           "hunyuan_image3": hunyuan_image3_file()}
     out.update({f: tiny_state_dict(f) for f in FAMILIES})
     consistency = ROOT / "tests" / "vae" / "test_consistency.py"
     if consistency.is_file():
@@ -133,6 +191,41 @@ def pointwise_video_vae(channels: int = 4, r: int = 4, s: int = 8, memory: int =
                     to_canonical=dict, config_from_state_dict=lambda sd, hint: None,
                     build=lambda cfg: PointwiseVideo(channels, r, s, memory), capabilities=lambda cfg: caps)
     return VAE(spec, None, PointwiseVideo(channels, r, s, memory).eval())
+
+
+def halves(sd: dict) -> tuple[dict, dict]:
+    """A state dict's encoder and decoder keys (an encoder-only and a decoder-only file)."""
+    return ({k: v for k, v in sd.items() if k.startswith("encoder.")},
+            {k: v for k, v in sd.items() if k.startswith("decoder.")})
+
+
+def assert_budget_plans_exact_tiles(v, z: torch.Tensor, gpu_latent: tuple, encode_shape: tuple, caplog,
+                                    tile: int = 64) -> None:
+    """The memory planner (vae/engine/budget.py) on a video VAE whose exact tiles meet in rounds: below the
+    untiled prediction for decoding ``z`` on the CPU it plans smaller exact tiles, with the untiled result;
+    planned for a GPU (paused tiles wait in host memory), the tiles of a ``gpu_latent`` decode need at most
+    half the untiled pass beyond the calibration's fixed bytes; memory managers get a number both ways."""
+    import logging
+
+    from vae.engine import budget, memory
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    side = z.shape[-1] * v.caps.spatial_ratio
+    untiled = budget.plan(v, v.call_for("decode", z.shape, mode="exact"), 1 << 40, cpu, cpu, cpu)
+    assert untiled.call.tile >= side
+    with caplog.at_level(logging.INFO, logger="VAEKit"):
+        out = v.decode(z, mode="exact", budget=untiled.on_device() - 1)
+    line = next(r.message for r in caplog.records if "predicted on cpu" in r.message)
+    assert "exact" in line and "px tiles" in line, line
+    assert (out - v.decode(z)).abs().max() <= 1e-5
+    call = v.call_for("decode", gpu_latent, mode="exact")
+    fixed = memory.calibration(gpu)[1]          # the calibration's fixed bytes: no tile shrinks them
+    whole = budget.plan(v, call, 1 << 40, gpu, cpu, cpu).on_device()
+    half = fixed + (whole - fixed) // 2
+    p = budget.plan(v, call, half, gpu, cpu, cpu)
+    assert p.call.tile < gpu_latent[-1] * v.caps.spatial_ratio and p.on_device() <= half
+    for op, shape in (("decode", z.shape), ("encode", encode_shape)):
+        need = v.memory_needed(shape, op, tile=tile, mode="exact")
+        assert isinstance(need, int) and need > 0, op
 
 
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:

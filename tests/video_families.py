@@ -84,6 +84,32 @@ def _minimax():
     return m
 
 
+def taehv_model(cfg, seed: int = 0) -> torch.nn.Module:
+    """OUR TAEHV model at ``cfg``, weights randn / sqrt(fan-in) (PyTorch's default init fades to black
+    through the ReLU stacks: a random decoder would give flat frames that hide seams), the decoder's
+    head scaled so frames sit mostly inside the pixel range rather than clamped."""
+    from vae.archs import taehv
+    m = taehv.TAEHV(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) / (p[0].numel() if p.dim() > 1 else 10) ** 0.5)
+        if cfg.has_decoder:
+            head = m.decoder[-1]
+            head.weight.mul_(0.4)
+            head.bias.add_(sum(cfg.value_range) / 2)
+    return m.eval()
+
+
+def _taehv(latent: int, patch: int, **published):
+    """No other implementation has these widths (core's and the original's are fixed at the published
+    ones): ours, narrow, in the original's layout (= core's; canonical). Parity: tests/vae/test_taehv.py
+    (the original taehv.py) and bench/comfyui_checks/compare_core_taehv.py (core)."""
+    from vae.archs import taehv
+    cfg = taehv.TAEHVConfig(latent, patch=patch, encoder_width=8, decoder_widths=(16, 8, 8, 8), **published)
+    return _InLayout(taehv_model(cfg), dict)
+
+
 # Adding a family to every shared test is one row here.
 ROWS: dict[str, Row] = {
     "mochi": Row((8, 6), lambda: _diffusers().AutoencoderKLMochi(
@@ -117,6 +143,14 @@ ROWS: dict[str, Row] = {
     # the published structure (6 encoder levels, 4 of them down-sampling), 32 wide (GroupNorm's 32
     # groups), and a 2-block ViT of 2 heads of 64
     "minimax": Row((16, 4), _minimax, own_tiles=True),
+    # the published structure (4 levels, time resampled on the outer two), 32 wide (GroupNorm's 32 groups)
+    "cogvideox": Row((8, 4), lambda: _diffusers().AutoencoderKLCogVideoX(block_out_channels=(32,) * 4,
+                                                                         layers_per_block=1),
+                     posterior=diffusers_posterior),
+    # the TAEHV family at Wan 2.1's / HunyuanVideo's shapes (16 channels, 8x/4x), narrow; and taeh3 (MiniMax
+    # H3's 24 channels, 2x2 patches), whose units are H3's clips
+    "taehv": Row((8, 4), lambda: _taehv(16, 1)),
+    "taeh3": Row((16, 4), lambda: _taehv(24, 2), spec_id="taehv", own_tiles=True),
 }
 FAMILIES = tuple(ROWS)
 RATIOS = {name: row.ratios for name, row in ROWS.items()}

@@ -47,6 +47,8 @@ class VAE:
                  device: DeviceLike = None, source: str = ""):
         self.spec, self.config, self.model, self.source = spec, config, model, source
         self.caps: Capabilities = spec.capabilities(config)
+        # 3-D convs (video models, and image models that run an image as a clip): channels_last is 4-D only
+        self._volumetric = bool(self.caps.temporal_ratio) or any(p.dim() == 5 for p in model.parameters())
         self.last_upcast: Optional[guard.Upcast] = None     # the NaN guard's record of the last call
         self.path: Optional[str] = None      # the file it was loaded from (worker processes load it too)
         self.to(device or "cpu", dtype or torch.float32)
@@ -77,8 +79,7 @@ class VAE:
 
     @property
     def _memory_format(self) -> torch.memory_format:
-        # video models run 3-D convs; channels_last applies to 4-D tensors only
-        return torch.contiguous_format if self.caps.temporal_ratio else torch.channels_last
+        return torch.contiguous_format if self._volumetric else torch.channels_last
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights in the canonical layout, contiguous (they run channels_last; safetensors and
@@ -96,9 +97,12 @@ class VAE:
         return self.caps.temporal_ratio is not None
 
     def frames_for(self, latent_frames: int) -> int:
-        """Pixel frames a clip of ``latent_frames`` decodes to: 1 + r*(t-1), or the model's own rule."""
+        """Pixel frames a clip of ``latent_frames`` decodes to: 1 + r*(t-1) (r*t for an even t where the
+        first frame stands alone in odd counts only), or the model's own rule."""
         if self.caps.own_tiling is not None:
             return self.caps.own_tiling.frames(latent_frames)
+        if self.caps.first_frame_odd_only and latent_frames % 2 == 0:
+            return self.caps.temporal_ratio * latent_frames
         return 1 + self.caps.temporal_ratio * (latent_frames - 1)
 
     def latent_frames_for(self, frames: int) -> int:
@@ -261,9 +265,11 @@ class VAE:
         plans = self._plans(grid, call.tile, call.overlap, call.tile_frames, call.overlap_frames)
         chunk = self._stream_chunk(grid[0], call.tile_frames, caps.stream_decode if call.decode else caps.stream_encode)
         chunks = None
-        if chunk:
-            split = streaming.decode_chunks if call.decode else streaming.encode_chunks
-            chunks = split(grid[0], chunk, caps.temporal_ratio)
+        if chunk and call.decode:
+            chunks = streaming.decode_chunks(grid[0], chunk, caps.temporal_ratio, lead=caps.stream_batches,
+                                             frames=self.frames_for(grid[0]))
+        elif chunk:
+            chunks = streaming.encode_chunks(grid[0], chunk, caps.temporal_ratio)
         cores = self._exact_cores(grid[-2:], call.tile) if call.mode == "exact" else None
         engine = "exact" if cores else "streamed" if chunk else "tiled"
         return Route(call, plans, chunk, chunks, cores, engine)
@@ -348,9 +354,12 @@ class VAE:
         """Latent frames per chunk when the time axis is streamed (exact), else 0 (one pass, or
         overlapping temporal tiles for models that cannot stream). ``tile_frames`` (pixel frames)
         gives the chunk; without it, the model's own ``stream_chunk`` (the reference's chunking, e.g.
-        Wan's one latent frame), or one pass."""
+        Wan's one latent frame), or one pass. A model whose batches are its definition (``stream_batches``)
+        always runs those."""
         if not (self.is_video and declared):
             return 0
+        if self.caps.stream_batches:
+            return self.caps.stream_chunk
         chunk = max(1, tile_frames // self.caps.temporal_ratio) if tile_frames else self.caps.stream_chunk
         return chunk if tiling.needs_tiling(latent_frames, chunk) else 0
 
@@ -360,6 +369,8 @@ class VAE:
         caps, r = self.caps, self.caps.spatial_ratio
         shape = tuple(shape)
         if op == "decode":
+            if not self.is_video and len(shape) == 5 and shape[2] == 1:     # an image LATENT's frame axis
+                shape = shape[:2] + shape[3:]
             if caps.latent_pack > 1 and shape[1] == caps.latent_channels_packed:      # LATENTs packed 2x2
                 p = caps.latent_pack
                 shape = (shape[0], caps.latent_channels, *shape[2:-2], shape[-2] * p, shape[-1] * p)
@@ -434,11 +445,14 @@ class VAE:
             return self._latent_out(z, posterior)
 
     def _latent_out(self, z: torch.Tensor, posterior: bool) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The engines' encode output as the caller gets it: packed as the family's LATENTs; a posterior
-        split into (mean, logvar), each packed alike."""
+        """The engines' encode output as the caller gets it: packed as the family's LATENTs (with a frame axis
+        where the family's image LATENTs carry one); a posterior split into (mean, logvar), each packed alike."""
+        def out(h: torch.Tensor) -> torch.Tensor:
+            h = latents.pack(h.contiguous(), self.caps.latent_pack)
+            return h.unsqueeze(2) if self.caps.latent_frame_axis else h
         if not posterior:
-            return latents.pack(z, self.caps.latent_pack)
-        return tuple(latents.pack(h.contiguous(), self.caps.latent_pack) for h in gaussian.split(z))
+            return out(z)
+        return tuple(out(h) for h in gaussian.split(z))
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,7 @@ def _collect() -> tuple[ArchSpec, ...]:
 REGISTRY: tuple[ArchSpec, ...] = _collect()
 
 # Latents of models no family here decodes, for the same error messages (channels, rank, text).
-OTHER_HINTS: tuple[tuple[int, int, str], ...] = (
-    (64, 4, "HunyuanImage 2.1"), (64, 5, "HunyuanImage 2.1 refiner (two frames packed)"))
+OTHER_HINTS: tuple[tuple[int, int, str], ...] = ((64, 5, "HunyuanImage 2.1 refiner (two frames packed)"),)
 
 
 def channel_hint(channels: int, rank: int) -> str:

@@ -16,8 +16,12 @@ class Capabilities:
     spatial_ratio: int                # pixels per latent pixel, each spatial axis
     image_channels: int = 3
     temporal_ratio: Optional[int] = None   # video VAEs only: frames = 1 + temporal_ratio * (latent_frames - 1)
+                                           # (but see first_frame_odd_only)
     value_range: tuple[float, float] = (-1.0, 1.0)   # pixel range the model works in
     latent_pack: int = 1              # LATENTs carry pack x pack latent pixels in channels (Flux.2)
+    # an image VAE whose LATENTs carry a time axis of one frame, [B, C, 1, h, w], as core gives them
+    # (HunyuanImage 3.0: core builds it as a 3-D VAE with one-frame clips); [B, C, h, w] is taken too
+    latent_frame_axis: bool = False
     has_attention: bool = False
     # where normalisation statistics come from: "groupnorm" (H*W of an image), "groupnorm_frame"
     # (H*W of each frame), "groupnorm_clip" (T*H*W of the clip), "rms" (per pixel/voxel), "none"
@@ -31,6 +35,15 @@ class Capabilities:
     # latent frames per stream chunk when the call asks for none, and the largest chunk (0: one pass
     # unless the call asks for temporal tiles): the reference's own chunking, e.g. Wan's one frame
     stream_chunk: int = 0
+    # the reference runs a clip in batches of ``stream_chunk`` latent frames, the first also taking the
+    # t % stream_chunk left over, and each batch normalises with its own statistics (GroupNorm over its
+    # frames): the batches are part of the result, so a decode streams exactly those batches whatever a
+    # call asks (CogVideoX: 3 latent frames, then 2 at a time)
+    stream_batches: bool = False
+    # the first latent frame stands for one pixel frame only when the count is odd (CogVideoX, whose
+    # resamplers keep a pass's first frame alone in an odd count of frames): an even t decodes to
+    # temporal_ratio * t frames
+    first_frame_odd_only: bool = False
     can_encode: bool = True
     # the encoder gives a Gaussian posterior (mean and log-variance): ``model.encode(x, posterior=True)``
     # returns both stacked in channels (vae/nn/posterior.py); False: one deterministic latent (TAESD)

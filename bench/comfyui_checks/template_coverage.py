@@ -52,7 +52,7 @@ FAMILIES: dict[str, tuple[str, str, str | None]] = {
     "ltx_diffusion": ("LTX-2.5 diffusion video VAE", "video", "ltx_diffusion"),
     "minimax": ("MiniMax H3 video VAE", "video", "minimax"),
     "seedvr2": ("SeedVR2 VAE", "video", "seedvr2"),
-    "cogvideox": ("CogVideoX VAE", "video", None),
+    "cogvideox": ("CogVideoX VAE", "video", "cogvideox"),
     "pixel_space": ("pixel-space identity (Chroma Radiance, PixelDiT, HiDream-O1)", "identity", None),
     "ltx_audio": ("LTX-2 / 2.5 audio VAE", "audio", None),
     "ace_step": ("ACE-Step 1.0 music DC-AE (checkpoint)", "audio", None),

@@ -196,6 +196,7 @@ def _families():
     from video_families import FAMILIES, tiny_state_dict
     from helpers import diffusers_qwen21, diffusers_tiny
     import diffusers_flux2
+    import helpers
     import mage_tiny
     out = {"kl": lambda: tiny_kl(3), "taesd": lambda: vae.from_state_dict(diffusers_tiny().state_dict(),
                                                                          name_hint="taesd"),
@@ -203,6 +204,8 @@ def _families():
            "qwen21": lambda: vae.from_state_dict(diffusers_qwen21().state_dict())}
     out.update({f: (lambda f=f: vae.from_state_dict(tiny_state_dict(f))) for f in FAMILIES})
     out["mage"] = lambda: vae.from_state_dict(mage_tiny.canonical())
+    out["hunyuan_image21"] = lambda: vae.from_state_dict(helpers.diffusers_hunyuan_image21().state_dict())
+    out["hunyuan_image3"] = lambda: vae.from_state_dict(helpers.hunyuan_image3_file())
     consistency = Path(__file__).with_name("test_consistency.py")     # its tiny config, if the family is in
     if consistency.is_file():
         spec = importlib.util.spec_from_file_location("_consistency_config", consistency)
@@ -219,7 +222,10 @@ FAMILY_INPUTS = {"mochi": ((1, 12, 2, 3, 3), (1, 3, 7, 24, 24)), "ltx": ((1, 16,
                  "hunyuan_video15": ((1, 32, 3, 2, 2), (1, 3, 5, 32, 32)),
                  "ltx_diffusion": ((1, 16, 2, 2, 2), (1, 3, 9, 64, 64)),
                  "seedvr2": ((1, 16, 3, 3, 3), (1, 3, 9, 24, 24)),
-                 "minimax": ((1, 24, 3, 2, 2), (1, 3, 5, 32, 32))}
+                 "minimax": ((1, 24, 3, 2, 2), (1, 3, 5, 32, 32)),
+                 "hunyuan_image21": ((1, 64, 2, 2), (1, 3, 64, 64)),
+                 "hunyuan_image3": ((1, 32, 1, 2, 2), (1, 3, 32, 32)),
+                 "cogvideox": ((1, 16, 3, 3, 3), (1, 3, 9, 24, 24))}
 
 
 # inductor (torch 2.13, CPU) fails to lower these halves; the handle falls back to eager for them

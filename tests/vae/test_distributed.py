@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import mage_tiny
-from helpers import ROOT, diffusers_kl, diffusers_qwen21
+from helpers import ROOT, diffusers_hunyuan_image21, diffusers_kl, diffusers_qwen21, hunyuan_image3_file
 from video_families import FAMILIES, OWN_TILES, RATIOS, tiny_state_dict
 
 import vae
@@ -68,6 +68,11 @@ def _cases(d) -> tuple[list[dict], dict]:
             add(f"{family}-decode-streamed", path, "decode", z, tile=2 * s, tile_frames=r)
         if v.caps.stream_encode:
             add(f"{family}-encode-streamed", path, "encode", x, tile=2 * s, tile_frames=1 + r)
+    hy21, hy3 = d / "hunyuan_image21.safetensors", d / "hunyuan_image3.safetensors"   # GroupNorm, DC-AE resamplers
+    save_file({k: t.contiguous() for k, t in diffusers_hunyuan_image21().state_dict().items()}, str(hy21))
+    save_file(hunyuan_image3_file(), str(hy3))                                      # 3.0: an image as four frames
+    add("hunyuan_image21-decode", hy21, "decode", torch.randn(1, 64, 4, 4, generator=g), tile=64)
+    add("hunyuan_image3-encode", hy3, "encode", torch.rand(1, 3, 64, 64, generator=g), tile=32)
     mage = d / "mage.safetensors"              # whole-image gates and windowed attention (tests/mage_tiny.py)
     save_file(mage_tiny.file_layout(mage_tiny.canonical()), str(mage))
     add("mage-decode", mage, "decode", torch.randn(1, 16, 6, 6, generator=g), tile=8)

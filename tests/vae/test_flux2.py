@@ -212,7 +212,7 @@ def test_channel_hints_use_the_latents_rank():
     mochi = vae.from_state_dict(tiny_state_dict("mochi"))
     cases = [(kl_sd, (1, 128, 4, 4), "as Flux.2 \\(packed\\)"), (kl_sd, (1, 32, 4, 4), "Flux.2 \\(unpacked"),
              (mochi, (1, 128, 2, 4, 4), "as LTX-Video/LTX-2 latents do"),
-             (mochi, (1, 32, 2, 4, 4), "as HunyuanVideo 1.5 latents do")]
+             (mochi, (1, 32, 2, 4, 4), "as HunyuanImage 3.0 or HunyuanVideo 1.5 latents do")]
     for v, shape, text in cases:
         with pytest.raises(vae.InputError, match=text):
             v.decode(torch.zeros(shape))

@@ -315,18 +315,26 @@ def test_decoder_only_and_encoder_only_files(ref, ours):
 
 # ---- detection ----------------------------------------------------------------------------------
 
-def test_the_hunyuanimage_refiner_has_the_same_tensors_and_is_refused_by_name(ref, tmp_path):
-    """diffusers' HunyuanImage 2.1 refiner VAE at its default (published) config has exactly the keys and
-    shapes of HunyuanVideo 1.5's: nothing in the weights tells them apart. A file named as the refiner
-    is refused with the reason; under another name it loads as HunyuanVideo 1.5 (as ComfyUI does)."""
+def test_the_hunyuanimage_refiner_vae_loads_as_hunyuan_video15(ref, tmp_path):
+    """The HunyuanImage 2.1 refiner VAE is HunyuanVideo 1.5's model (Tencent's refiner_vae.py; ComfyUI builds
+    both with one class): diffusers' refiner class at its default (published) config has exactly these keys and
+    shapes, a file under the refiner's name loads as HunyuanVideo 1.5, and on one latent frame (images, the
+    refiner's use) it decodes and encodes as diffusers' refiner class does. On more frames diffusers' class
+    keeps the frame count (it never resamples time): not the original's definition."""
     from safetensors.torch import save_file
     hy15, refiner = _meta(diffusers.AutoencoderKLHunyuanVideo15), _meta(diffusers.AutoencoderKLHunyuanImageRefiner)
     assert {k: v.shape for k, v in hy15.items()} == {k: v.shape for k, v in refiner.items()}
-    path = tmp_path / "hunyuan_image_2.1_refiner_vae.safetensors"
-    save_file(original_layout(ref.state_dict()), str(path))
-    with pytest.raises(vae.LoadError, match="HunyuanImage 2.1 refiner.*rename it without 'refiner'"):
-        vae.load(path)
-    assert vae.load(path, name_hint="hunyuanvideo15_vae.safetensors").spec is hv15.SPEC
+    torch.manual_seed(0)
+    theirs = jitter_norms(diffusers.AutoencoderKLHunyuanImageRefiner(**TINY), scale=0.2).eval()
+    path = tmp_path / "hunyuan_image_refiner_vae_fp16.safetensors"        # Comfy-Org's file name
+    save_file(original_layout(theirs.state_dict()), str(path))
+    v = vae.load(path)
+    assert v.spec is hv15.SPEC
+    z, x = torch.randn(1, 32, 1, 3, 2), torch.rand(1, 3, 1, 48, 32)
+    with torch.no_grad():
+        assert (v.decode(z) - pixels(theirs.decode(z).sample)).abs().max() <= 1e-5
+        assert (v.encode(x) - theirs.encode(x * 2 - 1).latent_dist.mode()).abs().max() <= 1e-5
+        assert theirs.decode(torch.randn(1, 32, 2, 3, 2)).sample.shape[2] == 2      # 1 + 4(t-1) = 5 here
 
 
 def _other_families() -> dict:
@@ -366,7 +374,8 @@ def test_no_other_family_claims_hunyuan_video15_and_it_claims_no_other(ref):
 
 
 def test_latent_channel_hints_use_the_rank(ours):
-    """32 channels: HunyuanVideo 1.5 for a video latent, Flux.2 (unpacked) for an image latent."""
+    """32 channels: HunyuanVideo 1.5 (or HunyuanImage 3.0's one-frame LATENT) for a 5-D latent, Flux.2
+    (unpacked) for an image latent."""
     from helpers import diffusers_kl
     kl = vae.from_state_dict(diffusers_kl().state_dict())
     with pytest.raises(vae.InputError, match=r"32 channels \(as Flux.2 \(unpacked\) latents do\)"):
@@ -375,7 +384,7 @@ def test_latent_channel_hints_use_the_rank(ours):
         ours.decode(torch.randn(1, 64, 2, 2, 2))
     from video_families import tiny_state_dict
     magvit = vae.from_state_dict(tiny_state_dict("magvit"))
-    with pytest.raises(vae.InputError, match=r"32 channels \(as HunyuanVideo 1.5 latents do\)"):
+    with pytest.raises(vae.InputError, match=r"32 channels \(as HunyuanImage 3.0 or HunyuanVideo 1.5 latents do\)"):
         magvit.decode(torch.randn(1, 32, 2, 2, 2))
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vae
-from helpers import diffusers_qwen21, diffusers_tiny
+from helpers import diffusers_hunyuan_image21, diffusers_qwen21, diffusers_tiny, hunyuan_image3_file
 from vae.archs import kl, magvit
 from vae.nn.attention import SpatialSelfAttention
 from vae.nn.qkv import fuse_qkv, unfuse_qkv
@@ -60,7 +60,9 @@ def _flux2() -> vae.VAE:
 FUSABLE = {"kl": (_kl, 2), "flux2": (_flux2, 2), "magvit_v5": (_magvit_v5, 2),
            "hunyuan_video": (lambda: vae.from_state_dict(tiny_state_dict("hunyuan_video")), 2),
            "consistency": (_consistency, 1),     # its KL encoder's mid block; the UNet has no attention
-           "qwen21": (lambda: vae.from_state_dict(diffusers_qwen21().state_dict()), 2)}
+           "qwen21": (lambda: vae.from_state_dict(diffusers_qwen21().state_dict()), 2),
+           "hunyuan_image21": (lambda: vae.from_state_dict(diffusers_hunyuan_image21().state_dict()), 2),
+           "hunyuan_image3": (lambda: vae.from_state_dict(hunyuan_image3_file()), 2)}
 
 
 @pytest.mark.parametrize("family", FUSABLE)

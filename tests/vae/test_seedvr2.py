@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import vae
-from helpers import assert_layouts_agree, jitter_norms
+from helpers import assert_budget_plans_exact_tiles, assert_layouts_agree, halves, jitter_norms
 from vae import registry, run
 from vae.archs import seedvr2 as s2
 from vae.archs import seedvr2_layout as layout
@@ -38,11 +38,6 @@ def core_sd() -> dict:
 @pytest.fixture(scope="module")
 def ours(core_sd):
     return vae.from_state_dict(core_sd)
-
-
-def _halves(sd: dict) -> tuple[dict, dict]:
-    return ({k: v for k, v in sd.items() if k.startswith("encoder.")},
-            {k: v for k, v in sd.items() if k.startswith("decoder.")})
 
 
 # ---- layouts and config -------------------------------------------------------------------------
@@ -75,7 +70,7 @@ def test_published_config_is_read_from_shapes():
     sd = layout.to_original(big.state_dict())
     assert len(sd) == 250 and registry.detect(sd) is s2.SPEC
     assert s2.SPEC.config_from_state_dict(s2.SPEC.to_canonical(sd)) == cfg
-    enc, dec = _halves(sd)
+    enc, dec = halves(sd)
     for half, part in ((enc, "encoder"), (dec, "decoder")):
         read = s2.SPEC.config_from_state_dict(s2.SPEC.to_canonical(half))
         assert (read.widths, read.layers_per_block, read.temporal) == (cfg.widths, 2, cfg.temporal), part
@@ -95,7 +90,7 @@ def test_which_levels_resample_time_is_read_from_the_weights():
 def test_decoder_only_and_encoder_only_files(core_sd, ours):
     """Core loads a decoder-only file (warning about the encoder's keys) and does not detect an encoder-only
     one; both load here, as what they are."""
-    enc_sd, dec_sd = _halves(core_sd)
+    enc_sd, dec_sd = halves(core_sd)
     enc, dec = vae.from_state_dict(enc_sd), vae.from_state_dict(dec_sd)
     assert "decoder only" in dec.name and not dec.caps.can_encode
     assert "encoder only" in enc.name and not enc.caps.can_decode
@@ -138,10 +133,10 @@ def _other_families() -> dict:
 
 def test_detected_as_itself_in_every_layout_and_no_other_family_claims_it(core_sd, ours):
     from vae.loading import unwrap
-    enc, dec = _halves(core_sd)
+    enc, dec = halves(core_sd)
     canonical = ours.state_dict()
     for name, sd in {"core": core_sd, "canonical": canonical, "core-decoder": dec, "core-encoder": enc,
-                     "canonical-decoder": _halves(canonical)[1], "canonical-encoder": _halves(canonical)[0],
+                     "canonical-decoder": halves(canonical)[1], "canonical-encoder": halves(canonical)[0],
                      "checkpoint": unwrap({f"vae.{k}": v for k, v in core_sd.items()})}.items():
         found = [s.id for s in registry.REGISTRY if s.detect(sd)]
         assert found == ["seedvr2"], (name, found)
@@ -158,8 +153,8 @@ def test_it_claims_no_other_family():
 
 
 def test_mismatched_halves_and_the_unpublished_half_receptive_field_are_refused(core_sd):
-    enc, _ = _halves(core_sd)
-    _, dec = _halves(layout.to_original(model(widths=(32, 32, 64, 64)).state_dict()))
+    enc, _ = halves(core_sd)
+    _, dec = halves(layout.to_original(model(widths=(32, 32, 64, 64)).state_dict()))
     with pytest.raises(vae.LoadError, match="encoder and decoder differ"):
         vae.from_state_dict({**enc, **dec})
     half = dict(core_sd)
@@ -265,26 +260,8 @@ def test_the_budget_planner_plans_smaller_tiles_with_the_untiled_result(ours, ca
     rounds, streamed one latent frame at a time). Below an untiled pass's prediction it picks smaller exact
     tiles and gives the untiled result; planned for a GPU (paused tiles wait in host memory) the tiles
     need at most half the untiled pass; memory managers get a number both ways."""
-    import logging
-    from vae.engine import budget, memory
-    cpu, gpu = torch.device("cpu"), torch.device("cuda")
     z = torch.randn(1, 16, 2, 16, 16)
-    call = ours.call_for("decode", z.shape, mode="exact")
-    untiled = budget.plan(ours, call, 1 << 40, cpu, cpu, cpu)
-    assert untiled.call.tile >= 16 * 8
-    with caplog.at_level(logging.INFO, logger="VAEKit"):
-        out = ours.decode(z, mode="exact", budget=untiled.on_device() - 1)
-    line = next(r.message for r in caplog.records if "predicted on cpu" in r.message)
-    assert "exact" in line and "px tiles" in line, line
-    assert (out - ours.decode(z)).abs().max() <= 1e-5
-    fixed = memory.calibration(gpu)[1]          # the calibration's fixed bytes: no tile shrinks them
-    whole = budget.plan(ours, call, 1 << 40, gpu, cpu, cpu).on_device()
-    half = fixed + (whole - fixed) // 2
-    p = budget.plan(ours, call, half, gpu, cpu, cpu)
-    assert p.call.tile < 16 * 8 and p.on_device() <= half
-    for op, shape in (("decode", z.shape), ("encode", (1, 3, 5, 128, 128))):
-        need = ours.memory_needed(shape, op, tile=64, mode="exact")
-        assert isinstance(need, int) and need > 0, op
+    assert_budget_plans_exact_tiles(ours, z, tuple(z.shape), (1, 3, 5, 128, 128), caplog)
 
 
 # ---- published config (slow) --------------------------------------------------------------------

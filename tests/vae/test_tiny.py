@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 import vae
-from helpers import ROOT, diffusers_tiny, reference_state_dicts
+from helpers import ROOT, diffusers_tiny, original_module, reference_state_dicts
 from vae.files import latents
 from vae.archs.tiny import LATENT_SPACES
 
@@ -260,17 +260,7 @@ def test_taeqi_half_precision_follows_fp32():
 # ---- parity with the original taesd.py (madebyollin/taesd at 401ce45e) on the same files -----------
 
 def _reference():
-    """The original repository's taesd.py, from a local copy named by TAESD_REFERENCE (a file path);
-    CI has neither network nor a copy, so this is skipped there."""
-    import importlib.util
-    import os
-    path = os.environ.get("TAESD_REFERENCE")
-    if not path or not os.path.isfile(path):
-        pytest.skip("set TAESD_REFERENCE to a copy of madebyollin/taesd taesd.py (401ce45e or later)")
-    spec = importlib.util.spec_from_file_location("_taesd_reference", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return original_module("TAESD_REFERENCE", "madebyollin/taesd taesd.py (401ce45e or later)")
 
 
 def test_taeqi_matches_the_original_at_the_published_config(tmp_path):

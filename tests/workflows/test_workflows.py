@@ -23,7 +23,11 @@ VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "ltx2": (16, 14,
                 "magvit": (16, 10, 4, 4), "wan": (16, 10, 4, 4), "hunyuan_video15": (32, 10, 3, 3),
                 "ltx_diffusion": (16, 10, 2, 2),
                 "seedvr2": (16, 10, 4, 4),
-                "minimax": (24, 12, 3, 3)}
+                "minimax": (24, 12, 3, 3),
+                # odd: an even count's first 4 frames are one frame repeated (no lone first frame), which an
+                # animated WebP stores once
+                "cogvideox": (16, 9, 4, 4),
+                "taehv": (16, 10, 4, 4), "taeh3": (24, 12, 3, 3)}
 # image graphs whose VAE is a video family's (Qwen-Image runs on a Wan 2.1-architecture VAE)
 IMAGE_WITH_VIDEO_VAE = {"qwen_image_vae.safetensors": "wan"}
 FLUX2 = "flux2-vae.safetensors"        # a random-weight Flux.2 VAE at the published ratio (8, 16 packed), narrow
@@ -31,6 +35,8 @@ QWEN21 = "qwen_image_2.1_vae_bf16.safetensors"   # the templates' file: ComfyUI'
 
 
 MAGE = "mage_flow_vae_bf16.safetensors"   # a random-weight Mage-VAE at the published ratio (16), narrow, bf16
+# the names Comfy-Org's HunyuanImage files go by (2.1: its templates' file); ComfyUI's layout, fp16; narrow, random
+HUNYUAN_IMAGE = {"hunyuan_image_2.1_vae_fp16.safetensors": "2.1", "hunyuan_image_3_vae_fp16.safetensors": "3.0"}
 
 
 @pytest.fixture
@@ -60,6 +66,8 @@ def video_dirs(comfy_dirs):
 
 
     save_file(_mage_weights(), str(comfy_dirs / "models" / "vae" / MAGE))
+    for name, version in HUNYUAN_IMAGE.items():
+        save_file(_hunyuan_image_weights(version), str(comfy_dirs / "models" / "vae" / name))
     return comfy_dirs
 
 
@@ -82,6 +90,17 @@ def _mage_weights() -> dict:
     import mage_tiny
     sd = mage_tiny.file_layout(mage_tiny.canonical(patch=16), anchor=True)      # ComfyUI's file layout
     return {k: v.to(torch.bfloat16) for k, v in sd.items()}
+
+
+@functools.lru_cache(maxsize=2)
+def _hunyuan_image_weights(version: str) -> dict:
+    from helpers import diffusers_hunyuan_image21, hunyuan_image3_file
+    from vaekit.vae.archs import hunyuan_image_layout
+    if version == "2.1":
+        sd = hunyuan_image_layout.to_original(hunyuan_image_layout.to_canonical(diffusers_hunyuan_image21().state_dict()))
+    else:
+        sd = hunyuan_image3_file()
+    return {k: v.to(torch.float16).contiguous() for k, v in sd.items()}
 
 
 def test_every_api_workflow_has_a_ui_twin():
@@ -241,9 +260,9 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
         assert (frames[i] - frame).abs().max() <= 1 / 255 + 1e-6      # 8-bit frames
 
 
-def _image_roundtrip(api_name: str, vae_file: str, dirs):
-    """Run an image round-trip graph headless; (the saved PNG, the VAE, the library's untiled latent and
-    round trip of the same image)."""
+def _image_roundtrip(api_name: str, vae_file: str, dirs, nodes=("5",)):
+    """Run an image round-trip graph headless; (the PNG Save Image node 5 saved, or the list of those of
+    ``nodes``, the VAE, the library's untiled latent and round trip of the same image)."""
     from vaekit import vae as lib
     from vaekit.nodes.headless import run_prompt
     from vaekit.vae.files.imageio import read_image
@@ -259,7 +278,8 @@ def _image_roundtrip(api_name: str, vae_file: str, dirs):
         want = v.decode(z)[0].movedim(0, -1)
     finally:
         torch.set_num_threads(threads)
-    return read_image(ui["5"]["images"][0]), v, z, want
+    pngs = [read_image(ui[n]["images"][0]) for n in nodes]
+    return (pngs[0] if len(nodes) == 1 else pngs), v, z, want
 
 
 def test_flux2_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
@@ -324,3 +344,24 @@ def test_mage_workflow_runs_headless_and_matches_the_library(pack, video_dirs):
     png, v, z, want = _image_roundtrip("image_mage_roundtrip_api.json", MAGE, video_dirs)
     assert v.spec.id == "mage" and z.shape == (1, 16, png.shape[0] // 16, png.shape[1] // 16)
     assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding
+
+
+@pytest.mark.parametrize("version", ["2.1", "3.0"])
+def test_hunyuan_image_roundtrip_runs_headless(pack, video_dirs, version):
+    """Load Image -> Tiled Encode -> Tiled Decode (both exact, 256 px) -> Save Image, and core's VAE Decode of
+    the same LATENT -> Save Image: both PNGs are the library's untiled round trip, to PNG rounding. 2.1:
+    32x, LATENT [1, 64, h, w], 2x2 tiles of the 512 px sample. 3.0 (an image as four frames: heavier) on a
+    128x96 crop of it, LATENT [1, 32, 1, h, w] as core's VAE Encode gives it."""
+    from PIL import Image
+    name = next(n for n, v in HUNYUAN_IMAGE.items() if v == version)
+    if version == "3.0":
+        path = video_dirs / "input" / "vaekit_sample.png"
+        with Image.open(path) as im:
+            im.crop((0, 0, 128, 96)).save(path)
+    api = "image_hunyuan_image21_roundtrip_api.json" if version == "2.1" else "image_hunyuan_image3_roundtrip_api.json"
+    (ours, core), v, z, want = _image_roundtrip(api, name, video_dirs, nodes=("5", "7"))
+    h, w = want.shape[0], want.shape[1]
+    assert v.spec.id == "hunyuan_image" and z.shape == ((1, 64, h // 32, w // 32) if version == "2.1" else
+                                                         (1, 32, 1, h // 16, w // 16))
+    for png in (ours, core):      # ours (exact tiles) and core's VAE Decode
+        assert (png - want).abs().max() <= 1 / 255 + 1e-6     # 8-bit PNG rounding

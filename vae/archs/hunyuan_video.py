@@ -139,7 +139,7 @@ def to_canonical(sd) -> dict:
     return rename(sd, _UNWRAP)
 
 
-def _conv_in(sd) -> Optional[torch.Tensor]:
+def conv_in(sd) -> Optional[torch.Tensor]:
     for side in ("decoder", "encoder"):
         for key in (f"{side}.conv_in.weight", f"{side}.conv_in.conv.weight"):
             if key in sd:
@@ -155,13 +155,15 @@ _RESAMPLER = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.(downsample|upsamp
 _RESAMPLER_PART = re.compile(r"^(encoder|decoder)\.(down|up)\.\d+\.(downsample|upsample)\.(?!conv\.)")
 
 
-def detect_video_ldm(sd, to_canonical, parts: re.Pattern, resnet_norm: re.Pattern, resampler_ok) -> bool:
-    """The video LDM skeleton's test (HunyuanVideo 1.0 and 1.5): a 5-D ``conv_in``, in the canonical
+def detect_video_ldm(sd, to_canonical, parts: re.Pattern, resnet_norm: re.Pattern, resampler_ok,
+                     ranks: tuple[int, ...] = (5,)) -> bool:
+    """The LDM skeleton's test (HunyuanVideo 1.0 and 1.5, HunyuanImage): a ``conv_in`` of one of the
+    ``ranks`` (5: 3-D convs), in the canonical
     names every key under ``parts``, some resnet norm key matching ``resnet_norm``, a mid block (MiniMax
     H3's encoder is otherwise alike and has none), and resampler convs, every one of which
     ``resampler_ok`` accepts."""
-    w = _conv_in(sd)
-    if w is None or w.dim() != 5:
+    w = conv_in(sd)
+    if w is None or w.dim() not in ranks:
         return False
     sd = to_canonical(sd)
     if not all(parts.match(k) for k in sd) or not any(resnet_norm.match(k) for k in sd):
@@ -176,7 +178,7 @@ def detect_video_ldm(sd, to_canonical, parts: re.Pattern, resnet_norm: re.Patter
 
 def detect(sd) -> bool:
     """5-D convs in the LDM parts only, GroupNorm resnets (``norm1.weight``; HunyuanVideo 1.5 has RMS
-    ``gamma``), width-keeping 3^3 resamplers (the HunyuanImage refiner's change width, CogVideoX's are 2-D,
+    ``gamma``), width-keeping 3^3 resamplers (HunyuanImage 3.0's DC-AE ones change width, CogVideoX's are 2-D,
     SeedVR2's spatial-only one is 1x3x3)."""
     return detect_video_ldm(sd, to_canonical, _PARTS, _RESNET_NORM,
                             lambda v: v.dim() == 5 and v.shape[0] == v.shape[1] and v.shape[2] == 3)

@@ -3,11 +3,8 @@
 The LDM skeleton (``ldm.py``) with HunyuanVideo 1.0's causal 3-D convolution (time padded with
 first-frame copies, space by replication), and what 1.5 changes:
 - every norm is the channel L2 norm (``x / ||x|| * sqrt(C) * gamma`` per voxel, no GroupNorm);
-- resamplers are pixel shuffles (DC-AE style) that also change the width: a conv to ``out / f``
-  channels and space-to-depth by f (down), or a conv to ``out * f`` and depth-to-space (up), with
-  f = 2x2 in space, x2 in time on the temporal levels, plus a parameter-free shortcut (the input
-  folded the same way with channel groups averaged / its channels repeated and unfolded). On a
-  temporal level the clip's first frame is folded in space only;
+- resamplers are DC-AE pixel shuffles that also change the width, with a parameter-free shortcut
+  (vae/nn/dcae.py); on a temporal level the clip's first frame is resampled in space only;
 - the encoder's head adds the mid block's output, channel groups averaged down to the moments; the
   decoder's ``conv_in`` adds the latent, its channels repeated up to the mid width;
 - the mid-block attention (one head, all T*H*W tokens) is causal over frames: a token of frame f
@@ -25,7 +22,7 @@ numbers differ from the original's; these follow the original.
 Latents are raw: the 1.03682 scaling is the sampler's latent format (ComfyUI's), not the VAE's.
 Every width, the resampling levels and which of them are temporal are read from the weights (a
 resampler's conv has out / 4 channels, or out / 8 on a temporal level). Key layouts (Tencent's =
-ComfyUI's, diffusers'; the HunyuanImage 2.1 refiner's identical tensors): hunyuan_video15_layout.py.
+ComfyUI's, diffusers'; the HunyuanImage 2.1 refiner VAE, the same model): hunyuan_video15_layout.py.
 """
 from __future__ import annotations
 
@@ -33,14 +30,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
+from ..nn import dcae
 from ..nn.attention import SpatialSelfAttention
-from ..nn.causal import CausalConv3d
 from ..nn.norm import ChannelL2Norm
-from ..run import Seam, Streamable, streaming
+from ..run import streaming
 from .. import spec
 from ..spec import ArchSpec, Capabilities
 from . import hunyuan_video15_layout as layout
@@ -79,92 +75,19 @@ class HunyuanVideo15Config:
         return 2 ** len(levels), 2 ** sum(r.temporal for r in levels)
 
 
-def _fold(x: torch.Tensor, ft: int) -> torch.Tensor:
-    """Space-to-depth (B, C, T*ft, 2H, 2W) -> (B, ft*2*2*C, T, H, W), channels ordered (ft, 2, 2, C)."""
-    b, c, t, h, w = x.shape
-    x = x.reshape(b, c, t // ft, ft, h // 2, 2, w // 2, 2).permute(0, 3, 5, 7, 1, 2, 4, 6)
-    return x.reshape(b, ft * 4 * c, t // ft, h // 2, w // 2)
-
-
-def _unfold(x: torch.Tensor, ft: int) -> torch.Tensor:
-    """Inverse of ``_fold``: (B, ft*2*2*C, T, H, W) -> (B, C, T*ft, 2H, 2W)."""
-    b, c, t, h, w = x.shape
-    c //= ft * 4
-    x = x.reshape(b, ft, 2, 2, c, t, h, w).permute(0, 4, 5, 1, 6, 2, 7, 3)
-    return x.reshape(b, c, t * ft, h * 2, w * 2)
-
-
-class _Shuffle(Seam, Streamable, nn.Module):
-    """A resampler: causal conv, pixel (un)shuffle, shortcut. On a temporal level the clip's first
-    frame is resampled in space only and the others in pairs (down) / doubled (up); in a stream the
-    first frame is the first chunk's."""
-
-    exact_boundary = True     # nothing else is live across it: exact tiling may re-cut here
-
-    def __init__(self, conv_out: int, cin: int, cout: int, temporal: bool):
-        super().__init__()
-        self.conv = conv(cin, conv_out)
-        self.out_channels, self.ft = cout, 2 if temporal else 1
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv(x)
-        if self.ft == 1:
-            return self._part(h, x, 1)
-        started = self.recall(False)
-        self.remember(True)
-        if started:
-            return self._part(h, x, 2)
-        first = self._part(h[:, :, :1], x[:, :, :1], 1)
-        return first if x.shape[2] == 1 else torch.cat([first, self._part(h[:, :, 1:], x[:, :, 1:], 2)], dim=2)
-
-    def _part(self, h: torch.Tensor, x: torch.Tensor, ft: int) -> torch.Tensor:
-        raise NotImplementedError
-
-
-class Downsample(_Shuffle):
-    """conv to out / f channels, space-to-depth by f; shortcut: the input space-to-depth, groups of
-    channels averaged to ``out``. The first frame gives out / 2 channels, taken twice."""
-
-    def __init__(self, cin: int, cout: int, temporal: bool):
-        super().__init__(cout // (8 if temporal else 4), cin, cout, temporal)
-
-    def _part(self, h: torch.Tensor, x: torch.Tensor, ft: int) -> torch.Tensor:
-        y = _fold(h, ft)
-        if y.shape[1] != self.out_channels:          # the first frame of a temporal level
-            y = y.repeat(1, 2, 1, 1, 1)
-        return y + _fold(x, ft).unflatten(1, (self.out_channels, -1)).mean(2)
-
-
-class Upsample(_Shuffle):
-    """conv to out * f channels, depth-to-space by f; shortcut: the input's channels repeated to
-    out * f, depth-to-space. The first frame keeps the first ``out`` of its 2 * out channels."""
-
-    def __init__(self, cin: int, cout: int, temporal: bool):
-        super().__init__(cout * (8 if temporal else 4), cin, cout, temporal)
-
-    def _part(self, h: torch.Tensor, x: torch.Tensor, ft: int) -> torch.Tensor:
-        n = self.out_channels
-        skip = x.repeat_interleave(n * ft * 4 // x.shape[1], dim=1)
-        return _unfold(h, ft)[:, :n] + _unfold(skip, ft)
-
-
-class Encoder(ldm.Encoder):
-    """The head adds a shortcut: the mid block's output, groups of channels averaged to the moments."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(x)
-        for level in self.down:
-            h = level(h)
-        h = self.mid(h)
-        moments = self.conv_out(F.silu(self.norm_out(h), inplace=True))
-        return moments + h.unflatten(1, (moments.shape[1], -1)).mean(2)
-
-
-class LatentIn(CausalConv3d):
-    """The decoder's ``conv_in`` plus a shortcut: the latent, each channel repeated to the width."""
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return super().forward(z) + z.repeat_interleave(self.out_channels // z.shape[1], dim=1)
+def halves(cfg: HunyuanVideo15Config, ops: ldm.Ops, first_frame: bool) -> tuple[Optional[nn.Module], ...]:
+    """The encoder and decoder (None for a half the file lacks) of the DC-AE style LDM that HunyuanVideo
+    1.5 and HunyuanImage share: ``ops`` (their convs, norm, attention), the DC-AE resamplers of ``cfg``
+    (on temporal levels with or without the ``first_frame`` rule), the head and latent shortcuts."""
+    w, n, z = cfg.widths, cfg.layers_per_block, cfg.latent_channels
+    encoder = decoder = None
+    if cfg.has_encoder:
+        encoder = ldm.Encoder(w[0], w, n, cfg.in_channels, 2 * z, ops, head_shortcut=True, downsample=lambda i, c: (
+            dcae.Downsample(ops.conv, c, cfg.down[i].out, cfg.down[i].temporal, first_frame) if cfg.down[i] else None))
+    if cfg.has_decoder:
+        decoder = ldm.Decoder(w, n, z, cfg.out_channels, ops, latent_shortcut=True, upsample=lambda i, c: (
+            dcae.Upsample(ops.conv, c, cfg.up[i].out, cfg.up[i].temporal, first_frame) if cfg.up[i] else None))
+    return encoder, decoder
 
 
 def _ops() -> ldm.Ops:
@@ -179,17 +102,7 @@ class HunyuanVideo15VAE(ldm.Autoencoder):
     decode: raw latent (B, 32, t, h, w) -> (B, 3, 1+4(t-1), 16h, 16w) in [-1, 1] (not clamped)."""
 
     def __init__(self, cfg: HunyuanVideo15Config):
-        w, n, z, ops = cfg.widths, cfg.layers_per_block, cfg.latent_channels, _ops()
-        encoder = decoder = None
-        if cfg.has_encoder:
-            encoder = Encoder(w[0], w, n, cfg.in_channels, 2 * z, ops, downsample=lambda i, c: (
-                Downsample(c, cfg.down[i].out, cfg.down[i].temporal) if cfg.down[i] else None))
-        if cfg.has_decoder:
-            decoder = ldm.Decoder(w, n, z, cfg.out_channels, ops, upsample=lambda i, c: (
-                Upsample(c, cfg.up[i].out, cfg.up[i].temporal) if cfg.up[i] else None))
-            # the skeleton's conv_in, with the latent shortcut (same parameters and keys)
-            decoder.conv_in = LatentIn(z, w[-1], 3, time_pad="causal", spatial_pad="replicate")
-        super().__init__(encoder, decoder)
+        super().__init__(*halves(cfg, _ops(), first_frame=True))
         self.config = cfg
         self.temporal_ratio = cfg.ratios[1]
 
@@ -215,8 +128,11 @@ def describe(cfg: HunyuanVideo15Config) -> str:
     return spec.describe("HunyuanVideo 1.5 VAE", cfg.latent_channels, cfg.has_encoder, cfg.has_decoder)
 
 
+def config_from_state_dict(sd, name_hint: Optional[str] = None) -> HunyuanVideo15Config:
+    return layout.config(sd, HunyuanVideo15Config, Resample)
+
+
 SPEC = ArchSpec(id="hunyuan_video15", name="HunyuanVideo 1.5 VAE", detect=layout.detect,
-                to_canonical=layout.to_canonical,
-                config_from_state_dict=lambda sd, hint=None: layout.config(sd, hint, HunyuanVideo15Config, Resample),
+                to_canonical=layout.to_canonical, config_from_state_dict=config_from_state_dict,
                 build=HunyuanVideo15VAE, capabilities=capabilities, describe=describe,
                 priority=100, latent_hints=((32, 5, "HunyuanVideo 1.5"),))

@@ -16,17 +16,18 @@ Layouts users have:
 Canonical: the LDM names of vae/archs/ldm.py without the ``.conv.`` wrappers, the decoder's ``up.<i>``
 indexed fine to coarse (``up.<n-1>`` runs first), as HunyuanVideo 1.0's.
 
-The HunyuanImage 2.1 refiner VAE has the same keys and the same shapes: diffusers'
-``AutoencoderKLHunyuanImageRefiner`` defaults are this config (32 latent channels, widths 128..1024) and its
-converter maps the same names. Its "64-channel" latent is two 32-channel latent frames packed into channels
-by the pipeline, not a tensor in the file. So no shape tells the two apart; what is relied on: a file whose
-name says "refiner" is refused (the refiner is a different model over these tensors: attention without the
-causal mask, time never resampled, in diffusers), any other file is HunyuanVideo 1.5, as ComfyUI loads it.
+The HunyuanImage 2.1 refiner VAE (``hunyuan_image_refiner_vae_fp16.safetensors``) has the same keys and
+shapes, and is the same model: Tencent's ``hyimage/models/vae/refiner_vae.py`` is this network (causal convs,
+first-frame rule, attention masked causally over frames), and ComfyUI builds both with one class. Its
+"64-channel" latent is two 32-channel latent frames packed into channels by the sampler's latent format, not
+a tensor in the file. diffusers' ``AutoencoderKLHunyuanImageRefiner`` (the same keys) agrees on one latent
+frame, the refiner's use; on more it never resamples time (every frame takes the first-frame rule) and drops
+the attention mask.
 """
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping
 
 import torch
 
@@ -45,11 +46,16 @@ _UP = re.compile(r"^decoder\.up\.(\d+)\.")
 def to_canonical(sd: Mapping[str, torch.Tensor]) -> dict:
     if ldm.is_diffusers(sd.keys()):
         sd = ldm.from_diffusers(rename(sd, _ATTENTION), ndim=5)
-    elif any(k.startswith("decoder.up.0.upsample.") for k in sd):
-        # Tencent's / ComfyUI's decoder counts levels in running order; the finest (last) has no upsampler
-        n = count_indices(sd.keys(), "decoder.up")
-        sd = rename(sd, [(_UP.pattern, lambda m: f"decoder.up.{n - 1 - int(m[1])}.")])
-    return rename(sd, _UNWRAP)
+    return rename(fine_to_coarse(sd), _UNWRAP)
+
+
+def fine_to_coarse(sd: Mapping[str, torch.Tensor]) -> dict:
+    """Tencent's / ComfyUI's decoder levels (``up.0`` runs first; the finest, last, has no upsampler)
+    renumbered as ldm.Decoder stores them (``up.0`` finest). Canonical names pass unchanged."""
+    if not any(k.startswith("decoder.up.0.upsample.") for k in sd):
+        return dict(sd)
+    n = count_indices(sd.keys(), "decoder.up")
+    return rename(sd, [(_UP.pattern, lambda m: f"decoder.up.{n - 1 - int(m[1])}.")])
 
 
 def detect(sd: Mapping[str, torch.Tensor]) -> bool:
@@ -59,30 +65,25 @@ def detect(sd: Mapping[str, torch.Tensor]) -> bool:
     return detect_video_ldm(sd, to_canonical, _PARTS, _RESNET_GAMMA, lambda v: v.dim() == 5)
 
 
-def _resample(sd, key: str, out: int, down: bool, make: Callable):
-    """A level's resampler from its conv: out / 4 channels (down) or out * 4 (up) in space only, 8 also in time."""
+def _resample(sd, key: str, out: int, down: bool, make: Callable, family: str):
+    """A level's DC-AE resampler from its conv: out / 4 channels (down) or out * 4 (up) in space only,
+    8 also in time."""
     if key not in sd:
         return None
     conv = sd[key].shape[0]
     big, small = (out, conv) if down else (conv, out)
     factor = big // small
     if big % small or factor not in (4, 8):
-        raise LoadError(f"{key} has {conv} output channels for a {out}-channel level: not a HunyuanVideo 1.5 "
+        raise LoadError(f"{key} has {conv} output channels for a {out}-channel level: not a {family} "
                         "resampler (out/4 or out/8 channels down, out*4 or out*8 up).",
                         fix="the file may be damaged or another model; please report it with the key list.")
     return make(out=out, temporal=factor == 8)
 
 
-def config(sd: Mapping[str, torch.Tensor], name_hint: Optional[str], make: Callable, resample: Callable):
+def config(sd: Mapping[str, torch.Tensor], make: Callable, resample: Callable, family: str = "HunyuanVideo 1.5"):
     """Widths, depth, channels and every resampler (which levels, their widths, which are temporal)
-    from the canonical weights; ``make``/``resample`` build the config and a level's resampler."""
-    if name_hint and "refiner" in name_hint.lower():
-        raise LoadError(
-            f"'{name_hint}' is named as a HunyuanImage 2.1 refiner VAE. Its tensors are those of the HunyuanVideo "
-            "1.5 VAE, but the refiner is another model over them (attention without the causal mask, time never "
-            "resampled, latents packed two frames into 64 channels), which VAEKit does not implement.",
-            fix="load the refiner with core's Load VAE; if this file is a HunyuanVideo 1.5 VAE, rename it "
-                "without 'refiner'.")
+    from the canonical weights of a DC-AE style LDM (HunyuanVideo 1.5, HunyuanImage); ``make`` /
+    ``resample`` build the config and a level's resampler."""
     keys = sd.keys()
     has_enc, has_dec = "encoder.conv_in.weight" in sd, "decoder.conv_in.weight" in sd
     down = up = ()
@@ -92,7 +93,7 @@ def config(sd: Mapping[str, torch.Tensor], name_hint: Optional[str], make: Calla
         layers = count_indices(keys, "encoder.down.0.block")
         latent = sd["encoder.conv_out.weight"].shape[0] // 2
         nxt = [sd[f"encoder.down.{i + 1}.block.0.conv1.weight"].shape[1] for i in range(n - 1)]
-        down = tuple(_resample(sd, f"encoder.down.{i}.downsample.conv.weight", o, True, resample)
+        down = tuple(_resample(sd, f"encoder.down.{i}.downsample.conv.weight", o, True, resample, family)
                      for i, o in enumerate(nxt)) + (None,)
     if has_dec:
         n = count_indices(keys, "decoder.up")
@@ -101,7 +102,7 @@ def config(sd: Mapping[str, torch.Tensor], name_hint: Optional[str], make: Calla
             layers = count_indices(keys, "decoder.up.0.block") - 1
         latent = sd["decoder.conv_in.weight"].shape[1]
         nxt = [sd[f"decoder.up.{i - 1}.block.0.conv1.weight"].shape[1] for i in range(1, n)]
-        up = (None,) + tuple(_resample(sd, f"decoder.up.{i}.upsample.conv.weight", o, False, resample)
+        up = (None,) + tuple(_resample(sd, f"decoder.up.{i}.upsample.conv.weight", o, False, resample, family)
                              for i, o in enumerate(nxt, start=1))
     return make(widths=widths, layers_per_block=layers, latent_channels=latent, down=down, up=up,
                 in_channels=sd["encoder.conv_in.weight"].shape[1] if has_enc else 3,

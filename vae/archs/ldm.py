@@ -29,12 +29,13 @@ class Ops:
     shortcut: ConvFactory                            # 1x1 conv of resnets that change width
     norm: NormFactory
     attention: Callable[[int], Optional[nn.Module]]  # mid-block attention; None: none
+    block: type[ResnetBlock] = ResnetBlock           # the resnet (a subclass may change its forward)
 
     def resnet(self, cin: int, cout: int) -> ResnetBlock:
-        return ResnetBlock(cin, cout, conv=self.conv, shortcut=self.shortcut, norm=self.norm)
+        return self.block(cin, cout, conv=self.conv, shortcut=self.shortcut, norm=self.norm)
 
     def mid(self, channels: int) -> MidBlock:
-        return MidBlock(channels, self.attention(channels), conv=self.conv, norm=self.norm)
+        return MidBlock(channels, self.attention(channels), conv=self.conv, norm=self.norm, block=self.block)
 
 
 class Level(nn.Module):
@@ -60,12 +61,15 @@ LevelFactory = Callable[[int, list, Optional[nn.Module], str], nn.Module]
 
 class Encoder(nn.Module):
     """``base``: the width of ``conv_in`` (LDM's ``ch``; the first level's width unless ``ch_mult[0] != 1``).
-    ``mid``: whether a mid block follows the levels (MiniMax H3's encoder has none)."""
+    ``mid``: whether a mid block follows the levels (MiniMax H3's encoder has none).
+    ``head_shortcut`` (the DC-AE style VAEs: HunyuanVideo 1.5, HunyuanImage): the head adds the
+    mid block's output, groups of channels averaged down to the moments."""
 
     def __init__(self, base: int, widths: Sequence[int], num_res_blocks: int, in_channels: int,
                  out_channels: int, ops: Ops, downsample: ResampleFactory, level: LevelFactory = Level,
-                 mid: bool = True):
+                 mid: bool = True, head_shortcut: bool = False):
         super().__init__()
+        self.head_shortcut = head_shortcut
         self.conv_in = ops.conv(in_channels, base)
         self.down = nn.ModuleList()
         cin = base
@@ -87,13 +91,19 @@ class Encoder(nn.Module):
             h = level(h)
         if self.mid is not None:
             h = self.mid(h)
-        return self.conv_out(F.silu(self.norm_out(h), inplace=True))
+        out = self.conv_out(F.silu(self.norm_out(h), inplace=True))
+        return out.add_(h.unflatten(1, (out.shape[1], -1)).mean(2)) if self.head_shortcut else out
 
 
 class Decoder(nn.Module):
+    """``latent_shortcut`` (the DC-AE style VAEs): ``conv_in`` adds the latent, each channel repeated
+    up to the width."""
+
     def __init__(self, widths: Sequence[int], num_res_blocks: int, in_channels: int, out_channels: int,
-                 ops: Ops, upsample: ResampleFactory, level: LevelFactory = Level, mid_width: Optional[int] = None):
+                 ops: Ops, upsample: ResampleFactory, level: LevelFactory = Level, mid_width: Optional[int] = None,
+                 latent_shortcut: bool = False):
         super().__init__()
+        self.latent_shortcut = latent_shortcut
         cin = mid_width or widths[-1]
         self.conv_in = ops.conv(in_channels, cin)
         self.mid = ops.mid(cin)
@@ -111,7 +121,10 @@ class Decoder(nn.Module):
         self.conv_out = ops.conv(cin, out_channels)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        h = self.mid(self.conv_in(z))
+        h = self.conv_in(z)
+        if self.latent_shortcut:
+            h = h.add_(z.repeat_interleave(h.shape[1] // z.shape[1], dim=1))
+        h = self.mid(h)
         for level in reversed(self.up):
             h = level(h)
         return self.conv_out(F.silu(self.norm_out(h), inplace=True))

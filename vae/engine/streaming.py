@@ -68,10 +68,14 @@ def run_streamed(fn: Fn, model: torch.nn.Module, x: torch.Tensor, in_chunks: Seq
     return out
 
 
-def decode_chunks(latent_frames: int, chunk: int, r: int) -> tuple[list, list]:
-    """Latent chunks of ``chunk`` frames and the pixel frames each decodes to (1 + r(t-1) in all)."""
-    ins = chunk_spans(latent_frames, chunk, chunk)
-    outs = [(0 if a == 0 else 1 + r * (a - 1), 1 + r * (b - 1)) for a, b in ins]
+def decode_chunks(latent_frames: int, chunk: int, r: int, lead: bool = False,
+                  frames: Optional[int] = None) -> tuple[list, list]:
+    """Latent chunks of ``chunk`` frames (with ``lead`` the first also takes the t % chunk left over: a
+    model whose batches are its definition) and the pixel frames each decodes to: ``frames`` in all
+    (default 1 + r(t-1)), r per latent frame after the first chunk, which gives the rest."""
+    ins = chunk_spans(latent_frames, chunk + (latent_frames % chunk if lead else 0), chunk)
+    total = 1 + r * (latent_frames - 1) if frames is None else frames
+    outs = [(0 if a == 0 else total - r * (latent_frames - a), total - r * (latent_frames - b)) for a, b in ins]
     return ins, outs
 
 

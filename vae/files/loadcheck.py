@@ -275,7 +275,9 @@ def _check_shapes(model, caps, source: str, described: str) -> None:
         raise LoadError(f"{source} looks like {described} but its tensors give it a compression of {r!r} in space"
                         + (f" and {t!r} in time" if t else "") + ": blocks of it are missing.", fix=DAMAGED_FIX)
     grid = ((2,) if t else ()) + (3, 4)
-    pixels = ((1 + t * (grid[0] - 1),) if t else ()) + (grid[-2] * r, grid[-1] * r)
+    # two latent frames: 1 + r pixel frames, or 2r where the first frame stands alone in odd counts only
+    frames = 2 * t if t and getattr(caps, "first_frame_odd_only", False) else 1 + (t or 0)
+    pixels = ((frames,) if t else ()) + (grid[-2] * r, grid[-1] * r)
     latent = (caps.latent_channels, *grid)
     image = (caps.image_channels, *pixels)
     problems = []

@@ -55,11 +55,12 @@ class MidBlock(nn.Module):
     """resnet -> (attention) -> resnet at the lowest resolution (keys ``block_1 attn_1 block_2``)."""
 
     def __init__(self, channels: int, attention: nn.Module | None, groups: int = 32, eps: float = 1e-6,
-                 conv: ConvFactory = conv2d_3x3, norm: NormFactory | None = None):
+                 conv: ConvFactory = conv2d_3x3, norm: NormFactory | None = None,
+                 block: type[ResnetBlock] = ResnetBlock):
         super().__init__()
-        self.block_1 = ResnetBlock(channels, channels, groups, eps, conv, norm=norm)
+        self.block_1 = block(channels, channels, groups, eps, conv, norm=norm)
         self.attn_1 = attention
-        self.block_2 = ResnetBlock(channels, channels, groups, eps, conv, norm=norm)
+        self.block_2 = block(channels, channels, groups, eps, conv, norm=norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.block_1(x)
