@@ -20,7 +20,9 @@ EXACTNESS = ("Exact (equal to a one-pass decode): Wan 2.1/2.2 (also Qwen-Image's
              "(GroupNorm and attention over the whole clip), LTX-Video and LTX-2 (their decoders are not causal: "
              "an LTX-2 frame depends on 22 latent frames either way, LTX-2.3's on 14), LTX-2.5's diffusion decoder "
              "(its attention windows reach about 18 latent frames either way); raise 'overlap' to shrink "
-             "their seams.")
+             "their seams. Stable Video Diffusion: each chunk of frames is decoded as a clip of its own, as the "
+             "original decodes 'decoding_t' frames at a time (its script: 14); one clip in bounded memory is "
+             "Tiled Decode's exact mode.")
 
 
 class VAEKitFramewiseDecode:
@@ -65,7 +67,9 @@ class VAEKitFramewiseDecode:
         opts = dict(tile=tile_size or None, overlap=tile_overlap, out_device=_comfy.intermediate_device(),
                     timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed,
                     **_budget(engine, max_memory, need))
-        if r is None:                                  # image VAE: the batch is the frame axis
+        if r is None or (z.dim() == 4 and not engine.takes_clips):
+            # image VAE: the batch is the frame axis; SVD's [T, 4, h, w]: each chunk its own clip, as the
+            # original decodes ``decoding_t`` frames at a time
             return (_decode_batches(engine, z, frames_per_chunk, opts),)
         if z.dim() != 5:
             raise InputError(f"expected a video latent [B, C, frames, h, w], got shape {tuple(z.shape)}.",

@@ -21,6 +21,7 @@ class VAEKitLoad:
     DESCRIPTION = ("Loads a VAE (image: AutoencoderKL for SD1.x/SD2.x/SDXL/SD3/Flux.1, the TAESD family (taeqi2_1 too), the "
                    "Consistency Decoder, Qwen-Image 2.1 (RGBA), Mage-VAE (Mage-Flow), HunyuanImage 2.1 and 3.0; video: Wan 2.1/2.2 and "
                    "Qwen-Image, Mochi, LTX-Video, LTX-2 and LTX-2.5, HunyuanVideo, EasyAnimate, SeedVR2, CogVideoX, "
+                   "Stable Video Diffusion's temporal VAE (also from its full svd/svd_xt checkpoint), "
                    "and the TAEHV family of tiny video autoencoders: taehv, taew2_1/2_2, taehv1_5, taeltx_2, taeh3, "
                    "LightX2V's lighttae*, whose latent space is told by the file's name, as core tells them) from "
                    "the 'vae' or 'vae_approx' folder, in the original, ComfyUI or diffusers key layout. "

@@ -32,27 +32,28 @@ class VAEKitVAE:
     def latent_channels(self) -> int:
         return self.handle.caps.latent_channels_packed
 
-    # image VAEs: one ratio; video VAEs: (frames, h, w) as core's, frame counts by core's formulas
+    # image VAEs: one ratio; video VAEs: (frames, h, w) as core's, frame counts by core's formulas. SVD's
+    # LATENT keeps one clip's frames in the batch: core presents its VAE as an image VAE, and so do we
     @property
     def downscale_ratio(self):
         h, s = self.handle, self.handle.caps.spatial_ratio_packed
-        return (lambda a: max(0, h.latent_frames_for(a)), s, s) if h.is_video else s
+        return (lambda a: max(0, h.latent_frames_for(a)), s, s) if h.takes_clips else s
 
     @property
     def upscale_ratio(self):
         h, s = self.handle, self.handle.caps.spatial_ratio_packed
-        return (lambda a: max(0, h.frames_for(a)), s, s) if h.is_video else s
+        return (lambda a: max(0, h.frames_for(a)), s, s) if h.takes_clips else s
 
     @property
     def downscale_index_formula(self):
         s, r = self.handle.caps.spatial_ratio_packed, self.handle.caps.temporal_ratio
-        return (r, s, s) if r else None
+        return (r, s, s) if self.handle.takes_clips else None
 
     upscale_index_formula = downscale_index_formula
 
     @property
     def latent_dim(self) -> int:
-        return 3 if self.handle.is_video else 2
+        return 3 if self.handle.takes_clips else 2
 
     @property
     def not_video(self) -> bool:
@@ -72,7 +73,7 @@ class VAEKitVAE:
     spacial_compression_encode = spacial_compression_decode
 
     def temporal_compression_decode(self):
-        return self.handle.caps.temporal_ratio
+        return self.handle.caps.temporal_ratio if self.handle.takes_clips else None
 
     # core's memory hooks (comfy.sd.VAE's; code that plans around a VAE reads them): what a call on an
     # input of ``shape`` (model layout, as core passes it) needs on the compute device, measured for our
@@ -106,10 +107,11 @@ class VAEKitVAE:
     def _clip(self, pixels: torch.Tensor, not_video: Optional[bool] = None) -> torch.Tensor:
         """IMAGE -> model layout, as core's VAE.encode: sides centre-cropped to multiples of the ratio; a
         video VAE takes the IMAGE batch as one clip (extra frames dropped), or with ``not_video`` each
-        image as a one-frame clip (core's Qwen-Image edit nodes ask for that)."""
+        image as a one-frame clip (core's Qwen-Image edit nodes ask for that). SVD's handle takes the
+        batch as its clip itself (and gives its LATENT back as [T, 4, h, w])."""
         pixels = center_crop_to_multiple(pixels, self.handle.caps.spatial_ratio_packed)
         x = image_to_bchw(pixels)
-        if not self.handle.is_video:
+        if not self.handle.takes_clips:
             return x
         return images_to_clips(x, self.handle.caps.temporal_ratio, one_clip=not not_video, engine=self.handle)
 
@@ -157,7 +159,7 @@ class CoreVAEEngine:
         encode = int(getattr(core, "spacial_compression_encode", core.spacial_compression_decode)())
         self.ratios = {"decode": decode, "encode": encode}
         self.frames = getattr(core, "temporal_compression_decode", lambda: None)()
-        self.is_video = self.frames is not None
+        self.is_video = self.takes_clips = self.frames is not None
         self.name = f"core VAE ({type(core.first_stage_model).__name__})"
 
     def _plans(self, op, grid, tile, overlap, tile_frames, overlap_frames):

@@ -30,8 +30,10 @@ _TEMPORAL = ("INT", {"default": 64, "min": 8, "max": 4096, "step": 4, "advanced"
                                 "approximately: an LTX-2 "
                                 "decoder frame depends on 22 latent frames (176 frames; LTX-2.3: 14, 112 frames; "
                                 "LTX-2.5's diffusion decoder: about 18) either way, so frames nearer a tile edge "
-                                "than that differ from one pass. Ignored by image VAEs and by MiniMax H3 (17-frame "
-                                "clips and 7-latent chunks are part of its definition)."})
+                                "than that differ from one pass. Stable Video Diffusion decodes a clip together (its "
+                                "frames mix): exact mode never cuts it, fast mode blends overlapping clips. Ignored "
+                                "by image VAEs and by MiniMax H3 (17-frame clips and 7-latent chunks are part of its "
+                                "definition)."})
 _TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4, "advanced": True,
                              "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs (at least one "
                                         "latent frame: a later tile's first latent frame is context only, its frames "
@@ -65,7 +67,8 @@ _MODE = (["exact", "fast"], {"default": "exact",
                                "Qwen-Image, HunyuanVideo 1.5, LTX and the TAEHV family run tile after tile, each "
                                "through all its "
                                "frames, so memory is one tile's however large the image or clip; VAEs with "
-                               "GroupNorm (SD/Flux KL, HunyuanImage, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2, CogVideoX) keep paused "
+                               "GroupNorm (SD/Flux KL, HunyuanImage, HunyuanVideo 1.0, Mochi, Magvit, SeedVR2, CogVideoX, "
+                               "SVD) keep paused "
                                "tiles on the CPU while a GPU runs the others. fast: independent tiles blended in "
                                "their overlap: "
                                "faint seams (and flicker in video) where tiles meet, for somewhat less time and "
@@ -102,7 +105,8 @@ class VAEKitTiledDecode:
                                               "space, as core's TAESD path makes it), not as diffusers' raw z. Qwen-Image "
                                               "2.1: the 64-channel image LATENT [N, 64, h, w]; it decodes to RGBA. HunyuanImage "
                                               "2.1: [N, 64, h, w] (32x); 3.0: [N, 32, 1, h, w] as core's VAE Encode "
-                                              "gives it (or [N, 32, h, w])."}),
+                                              "gives it (or [N, 32, h, w]). Stable Video Diffusion: the LATENT "
+                                              "[frames, 4, h, w] its sampler makes, one clip."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             # optional, after the older widgets: saved workflows keep their widget positions
@@ -141,7 +145,8 @@ class VAEKitTiledEncode:
                                             "HunyuanImage 2.1). A video VAE takes the batch as one clip, as "
                                             "core's VAE Encode does: N images give 1 + (N-1)//4 latent frames for "
                                             "Wan (frames past the last whole group are dropped); one image is a "
-                                            "one-frame clip (Qwen-Image). An RGBA VAE (Qwen-Image 2.1) gets RGB with opaque "
+                                            "one-frame clip (Qwen-Image); Stable Video Diffusion encodes each frame "
+                                            "alone into a LATENT [N, 4, h, w], as core's. An RGBA VAE (Qwen-Image 2.1) gets RGB with opaque "
                                             "alpha."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
@@ -155,7 +160,7 @@ class VAEKitTiledEncode:
             raise InputError(f"expected an IMAGE [N, H, W, C], got {type(pixels).__name__}"
                              f"{tuple(pixels.shape) if torch.is_tensor(pixels) else ''}.", input="pixels")
         x = image_to_bchw(pixels)
-        if getattr(engine, "is_video", False):      # the IMAGE batch is one clip, as core's VAE Encode
+        if getattr(engine, "takes_clips", False):      # the IMAGE batch is one clip, as core's VAE Encode
             x = images_to_clips(x, _temporal_ratio(engine), engine=engine)
         frames = _temporal_tile(engine, temporal_size)
         need = _prepare(engine, "encode", x.shape, tile=tile_size, overlap=overlap, tile_frames=frames, mode=mode)

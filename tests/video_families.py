@@ -64,6 +64,20 @@ def _seedvr2():
     return _InLayout(seedvr2.SeedVR2VAE(cfg), seedvr2_layout.to_original)
 
 
+def _svd():
+    """diffusers' SVD VAE, narrow; 2 resnets a level as published (diffusers' mid block has one resnet and
+    no attention otherwise). Its mix factors start at 0, an even merge under which the image and
+    temporal halves could be swapped unseen: random here, seeded."""
+    m = _diffusers().AutoencoderKLTemporalDecoder(block_out_channels=(32,) * 4, layers_per_block=2,
+                                                  down_block_types=("DownEncoderBlock2D",) * 4)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("mix_factor"):
+                p.copy_(2 * torch.randn(p.shape, generator=g))
+    return m
+
+
 def _hunyuan_video():
     m = _diffusers().AutoencoderKLHunyuanVideo(block_out_channels=(32, 32, 32, 32), layers_per_block=1)
     m.use_framewise_decoding = m.use_framewise_encoding = False
@@ -151,6 +165,9 @@ ROWS: dict[str, Row] = {
     # H3's 24 channels, 2x2 patches), whose units are H3's clips
     "taehv": Row((8, 4), lambda: _taehv(16, 1)),
     "taeh3": Row((16, 4), lambda: _taehv(24, 2), spec_id="taehv", own_tiles=True),
+    # the published structure (4 levels, 2 resnets each, temporal resnets and output conv), 32 wide; no
+    # temporal compression; its LATENT keeps a clip's frames in the batch (Capabilities.frames_in_batch)
+    "svd": Row((8, 1), _svd),
 }
 FAMILIES = tuple(ROWS)
 RATIOS = {name: row.ratios for name, row in ROWS.items()}

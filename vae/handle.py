@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -96,6 +97,19 @@ class VAE:
     def is_video(self) -> bool:
         return self.caps.temporal_ratio is not None
 
+    @property
+    def takes_clips(self) -> bool:
+        """Whether ComfyUI's LATENT / IMAGE for this VAE are clips [B, C, T, ...] (video VAEs but SVD,
+        whose LATENT keeps one clip's frames in the batch: ``Capabilities.frames_in_batch``)."""
+        return self.is_video and not self.caps.frames_in_batch
+
+    def _as_clip(self, t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """For a ``frames_in_batch`` model, a 4-D [T, C, h, w] tensor as the one clip [1, C, T, h, w] it
+        holds; and whether it was one (the result then goes back to [T, C, H, W])."""
+        if self.caps.frames_in_batch and torch.is_tensor(t) and t.dim() == 4:
+            return t.movedim(0, 1).unsqueeze(0), True
+        return t, False
+
     def frames_for(self, latent_frames: int) -> int:
         """Pixel frames a clip of ``latent_frames`` decodes to: 1 + r*(t-1) (r*t for an even t where the
         first frame stands alone in odd counts only), or the model's own rule."""
@@ -127,11 +141,13 @@ class VAE:
         if not caps.can_decode:
             raise InputError("this VAE has no decoder (only an encoder file was loaded).", input="vae",
                              fix="load the matching *_decoder file too, or the pair by its stem name.")
+        z, _ = self._as_clip(z)
         if self.is_video:
             if z.dim() != 5:
                 seen = f" (as {channel_hint(z.shape[1], z.dim())} latents have)" if z.dim() == 4 else ""
-                raise InputError(f"{self.name} is a video VAE and takes video latents [B, C, frames, h, w] (one "
-                                 f"frame: [B, C, 1, h, w], as Qwen-Image's sampler gives them); got shape "
+                takes = "[B, C, frames, h, w] or one clip's frames [frames, C, h, w]" if caps.frames_in_batch \
+                    else "[B, C, frames, h, w] (one frame: [B, C, 1, h, w], as Qwen-Image's sampler gives them)"
+                raise InputError(f"{self.name} is a video VAE and takes video latents {takes}; got shape "
                                  f"{tuple(z.shape)}{seen}.", input=input,
                                  fix="connect the LATENT of a video model (e.g. its sampler's output); "
                                      "an image latent belongs to an image VAE.")
@@ -159,7 +175,9 @@ class VAE:
         return z
 
     def check_image(self, x: torch.Tensor, input: str = "pixels") -> torch.Tensor:
-        """Validate images [B, C, H, W] (or clips [B, C, T, H, W] for a video VAE) in 0..1."""
+        """Validate images [B, C, H, W] (or clips [B, C, T, H, W] for a video VAE; a ``frames_in_batch``
+        model's one clip [T, C, H, W] becomes [1, C, T, H, W]) in 0..1."""
+        x, _ = self._as_clip(x)
         x = checks.image(x, self.caps.image_channels, self.caps.spatial_ratio_packed, self.is_video, input)
         caps = self.caps
         if not caps.can_encode:
@@ -235,13 +253,14 @@ class VAE:
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
                mode: str = "fast", budget: Optional[int] = None, offload: DeviceLike = None,
                **options) -> torch.Tensor:
-        """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]) in
-        0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
+        """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]; SVD's one
+        clip [T, C, h, w] -> [T, C, H, W]) in 0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
         ``overlap_frames`` in pixel frames; ``options`` are model decode inputs (see decode_options).
         ``mode``: "fast" (independent tiles, blended) or "exact" (the untiled result; see vae/engine/exact.py).
         ``budget``: bytes the call may use on the device; the planner (vae/engine/budget.py) then picks the
         largest tile (at most ``tile``) and chunk that fit, or raises naming the smallest budget that
         works. ``offload``: where exact mode keeps its maps between stages (default ``out_device``)."""
+        _, frames_in_batch = self._as_clip(z)
         z = self.check_latent(z)
         _check_mode(mode)
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
@@ -256,7 +275,8 @@ class VAE:
             out = self._planned(call, budget, out_device, offload, lambda c: self._engine(
                 g, z, c, progress, out_device, offload))
             guard.require_finite(self, out, "decode", z, opts, "samples")
-            return out.clamp_(0.0, 1.0)
+            out = out.clamp_(0.0, 1.0)
+            return out[0].movedim(1, 0) if frames_in_batch else out
 
     def route(self, call: "Call") -> "Route":
         """How ``call`` runs: exact tiles (streamed in time where the model streams), a streamed time
@@ -298,7 +318,8 @@ class VAE:
     def _planned(self, call: "Call", budget: Optional[int], out_device: DeviceLike, offload: DeviceLike,
                  run: Callable[["Call"], torch.Tensor]) -> torch.Tensor:
         """``run(call)``, with its tile and chunk planned for ``budget`` first when one is given; on
-        running out of memory, again with a plan for half the budget (or, without one, half the tile)."""
+        running out of memory, again with a plan for half the budget (or, without one, see ``_oom_retry``).
+        Before the new plan runs, what the failed attempt held is freed (``_released``)."""
         from .engine import budget as planner
         where = dict(device=self.device, out_device=torch.device(out_device or "cpu"),
                      offload=torch.device(offload or out_device or "cpu"))
@@ -312,15 +333,16 @@ class VAE:
             except Exception as e:        # noqa: BLE001 - only out-of-memory errors are retried
                 if not _out_of_memory(e) or budget <= 1 << 20:
                     raise
-                log.warning("VAEKit: out of memory with a plan for %s; planning again for half of it",
-                            planner.gib(budget))
-                del e
-                _free_memory(self.device)
-                budget //= 2
+                _released(e)
+            _free_memory(self.device)       # outside the handler: the failed attempt's frames are gone
+            log.warning("VAEKit: out of memory with a plan for %s; planning again for half of it",
+                        planner.gib(budget))
+            budget //= 2
 
     def _oom_retry(self, call: "Call", run: Callable[["Call"], torch.Tensor]) -> torch.Tensor:
         """``run(call)``; when the device runs out of memory, again with spatial tiles of half the size
-        (down to 4 latent pixels), as core falls back to tiles. Said in the log each time."""
+        (down to 4 latent pixels), as core falls back to tiles. A call that asked for no tiles at all (one
+        pass) is retried in exact tiles: the result it asked for, in less memory. Said in the log each time."""
         r = self.caps.spatial_ratio
         while True:
             try:
@@ -334,12 +356,13 @@ class VAE:
                 smaller = tuple(max(4 * r, t // 2 // r * r) for t in now)
                 if smaller == tuple(now):
                     raise
-                log.warning("VAEKit %s: out of memory with %s tiles; retrying with %dx%d px tiles",
-                            "decode" if call.decode else "encode", "no" if not tile else f"{now[1]}x{now[0]} px",
-                            smaller[1], smaller[0])
-                del e
-                _free_memory(self.device)
-                call = dataclasses.replace(call, tile=smaller)
+                _released(e)
+            _free_memory(self.device)       # outside the handler: the failed attempt's frames are gone
+            mode = "exact" if not (tile or call.tile_frames) else call.mode      # one pass asked: its result
+            log.warning("VAEKit %s: out of memory with %s tiles; retrying with %dx%d px %s tiles",
+                        "decode" if call.decode else "encode", "no" if not tile else f"{now[1]}x{now[0]} px",
+                        smaller[1], smaller[0], mode)
+            call = dataclasses.replace(call, tile=smaller, mode=mode)
 
     def _exact_cores(self, grid: tuple[int, ...], tile: Tile) -> Optional[list]:
         """Exact mode's tile cores per spatial axis (latent units), or None when one tile covers it.
@@ -368,6 +391,8 @@ class VAE:
         """The ``Call`` a decode of a latent (encode of pixels) of ``shape`` makes."""
         caps, r = self.caps, self.caps.spatial_ratio
         shape = tuple(shape)
+        if caps.frames_in_batch and len(shape) == 4:          # one clip's frames in the batch
+            shape = (1, shape[1], shape[0], *shape[2:])
         if op == "decode":
             if not self.is_video and len(shape) == 5 and shape[2] == 1:     # an image LATENT's frame axis
                 shape = shape[:2] + shape[3:]
@@ -413,13 +438,15 @@ class VAE:
                mode: str = "fast", budget: Optional[int] = None, offload: DeviceLike = None,
                posterior: bool = False) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Images [B, C, H, W] (video: clips [B, C, T, H, W]) in 0..1 -> LATENT tensor (packed the way
-        the model family's LATENTs are). ``mode``, ``budget`` and ``offload`` as for decode; an exact
-        encode of a model that streams runs its clip in time chunks when the budget asks for them.
+        the model family's LATENTs are; SVD's one clip [T, C, H, W] -> [T, C, h, w]). ``mode``, ``budget`` and
+        ``offload`` as for decode; an exact encode of a model that streams runs its clip in time chunks when
+        the budget asks for them.
 
         ``posterior``: return ``(mean, logvar)``, the encoder's Gaussian posterior in the LATENT's layout
         and normalisation (``mean`` is what ``encode(x)`` returns; ``logvar`` is the log-variance of that
         normalised latent, clamped to [-30, 20] before the normalisation as diffusers clamps it), from
         the same encoder output under any tiles and chunks. Families without one (TAESD) raise."""
+        _, frames_in_batch = self._as_clip(x)
         x = self.check_image(x)
         _check_mode(mode)
         if posterior and not self.caps.posterior:
@@ -442,13 +469,17 @@ class VAE:
             if hasattr(self.model, "finish_encode"):     # whole-latent steps after tiling (Flux.2's BatchNorm)
                 z = self.model.finish_encode(z, posterior=True) if posterior else self.model.finish_encode(z)
             guard.require_finite(self, z, "encode", x, {}, "pixels")
-            return self._latent_out(z, posterior)
+            return self._latent_out(z, posterior, frames_in_batch)
 
-    def _latent_out(self, z: torch.Tensor, posterior: bool) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def _latent_out(self, z: torch.Tensor, posterior: bool, frames_in_batch: bool = False
+                    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The engines' encode output as the caller gets it: packed as the family's LATENTs (with a frame axis
-        where the family's image LATENTs carry one); a posterior split into (mean, logvar), each packed alike."""
+        where the family's image LATENTs carry one; SVD's frames back in the batch where they came in);
+        a posterior split into (mean, logvar), each packed alike."""
         def out(h: torch.Tensor) -> torch.Tensor:
             h = latents.pack(h.contiguous(), self.caps.latent_pack)
+            if frames_in_batch:
+                return h[0].movedim(1, 0)
             return h.unsqueeze(2) if self.caps.latent_frame_axis else h
         if not posterior:
             return out(z)
@@ -482,13 +513,31 @@ class Route:
     engine: str
 
 
+# what CUDA libraries raise when the caching allocator cannot give them their workspace
+_ALLOC_FAILED = ("out of memory", "can't allocate memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
 def _out_of_memory(e: BaseException) -> bool:
-    """A device (CUDA) or host (CPU allocator) out-of-memory error."""
+    """A device (CUDA: torch.OutOfMemoryError, or a library's failed workspace allocation) or host (CPU
+    allocator) out-of-memory error."""
     return isinstance(e, torch.OutOfMemoryError) or (
-        isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e)))
+        isinstance(e, RuntimeError) and any(m in str(e) for m in _ALLOC_FAILED))
+
+
+def _released(e: BaseException) -> None:
+    """Drop the tensors a failed attempt still holds through ``e``: its traceback keeps every frame of
+    the attempt alive (an exact run's tile threads included), and with them their tensors, until the
+    handler exits; clearing the frames' locals lets them go. Chained exceptions too."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__
 
 
 def _free_memory(device: torch.device) -> None:
+    """Collect what the failed attempt left (reference cycles through its frames) and give the
+    allocator's cached blocks back, so the new plan starts from what is really free."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

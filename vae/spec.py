@@ -59,6 +59,10 @@ class Capabilities:
     # a model whose reference tiles as part of its definition (MiniMax H3): its tiles and chunks are
     # the result, so the engines run exactly those (vae/engine/defined.py) and take their frame rules
     own_tiling: Optional[Any] = None
+    # ComfyUI's LATENT and IMAGE hold one clip's frames in the batch axis ([T, C, h, w], as core's SVD
+    # nodes make them): the handle takes and gives that layout besides clips [B, C, T, h, w], and the
+    # socket presents the VAE to core's nodes as core presents its own (an image-style VAE, latent_dim 2)
+    frames_in_batch: bool = False
 
     @property
     def latent_channels_packed(self) -> int:

@@ -17,6 +17,8 @@ Per family (a node this core does not have is reported as absent):
   ltx               LTXVImgToVideo (LTX-Video 0.9.0: the image's latent in frame 0 and the noise mask)
   hunyuan_video15   HunyuanVideo15ImageToVideo (concat_latent_image and concat_mask)
   flux2             VAEEncode + ReferenceLatent (Flux.2's reference_latents: 2x2-packed, BatchNorm-normalised)
+  svd               SVD_img2vid_Conditioning (the init frame's concat_latent_image [1, 4, h, w], the empty
+                    LATENT [T, 4, h, w]) and VAE Decode of a 4-frame LATENT [4, 4, h, w] (one clip)
 Memory: every ``comfy.model_management.load_models_gpu`` call is recorded (the model and its
 ``memory_required``). Core's VAE tells it its ``memory_used_encode/decode`` formula; ours is registered
 with the memory manager as ``nodes/_comfy.place`` does for a GPU (on this CPU-only machine ``place``
@@ -45,7 +47,7 @@ from harness import comfy_core
 ROOT = Path(__file__).resolve().parents[2]
 WAN22 = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, patch_size=2, in_channels=12,
              out_channels=12, scale_factor_spatial=16)
-FAMILIES = ("wan", "wan2.2", "ltx", "hunyuan_video15", "flux2")
+FAMILIES = ("wan", "wan2.2", "ltx", "hunyuan_video15", "flux2", "svd")
 # differences with a known cause, checked elsewhere (the decode of the first latent frame alone agrees)
 EXPECTED = {("hunyuan_video15", "decoded"): "expected: core's mid-block attention is not causal over frames, "
             "ours is as Tencent's (tests/vae/test_hunyuan_video15.py)"}
@@ -72,6 +74,13 @@ class _Clip:
 
 # ---- ComfyUI side ------------------------------------------------------------------------------
 
+class _ClipVision:
+    """A stand-in CLIP vision model for SVD's conditioning node (its image embedding is not the VAE's)."""
+
+    def encode_image(self, image):
+        return type("Output", (), {"image_embeds": torch.zeros(1, 1024)})()
+
+
 def _cases(family: str, first: torch.Tensor, last: torch.Tensor):
     """(case name, core node name, fn(vae) -> {output: tensor}) for the family; fn is None when this
     core lacks the node."""
@@ -79,13 +88,15 @@ def _cases(family: str, first: torch.Tensor, last: torch.Tensor):
     extras = {}
     for mod, names in (("nodes_wan", ("WanImageToVideo", "WanFirstLastFrameToVideo", "Wan22ImageToVideoLatent")),
                        ("nodes_qwen", ("TextEncodeQwenImageEdit",)), ("nodes_lt", ("LTXVImgToVideo",)),
-                       ("nodes_hunyuan", ("HunyuanVideo15ImageToVideo",)), ("nodes_edit_model", ("ReferenceLatent",))):
+                       ("nodes_hunyuan", ("HunyuanVideo15ImageToVideo",)), ("nodes_edit_model", ("ReferenceLatent",)),
+                       ("nodes_video_model", ("SVD_img2vid_Conditioning",))):
         try:
             m = importlib.import_module(f"comfy_extras.{mod}")
         except Exception:   # noqa: BLE001 - an older core without the module
             continue
         extras.update({n: getattr(m, n) for n in names if hasattr(m, n)})
     cond = [[torch.zeros(1, 1, 1), {}]]
+    clip = torch.randn(4, 4, 6, 8, generator=torch.Generator().manual_seed(2))     # an SVD LATENT: 4 frames
 
     def node(name, fn):
         return fn if name in extras else None
@@ -119,6 +130,12 @@ def _cases(family: str, first: torch.Tensor, last: torch.Tensor):
                 "concat_latent_image": out[0][0][1]["concat_latent_image"],
                 "concat_mask": out[0][0][1]["concat_mask"]})(
                 extras["HunyuanVideo15ImageToVideo"].execute(cond, cond, v, 64, 48, 5, 1, start_image=first).result))),
+        ],
+        "svd": [
+            ("svd_i2v", "SVD_img2vid_Conditioning", node("SVD_img2vid_Conditioning", lambda v: (lambda out: {
+                "concat_latent_image": out[0][0][1]["concat_latent_image"], "latent": out[2]["samples"],
+                "decoded_clip": nodes.VAEDecode().decode(v, {"samples": clip})[0]})(
+                extras["SVD_img2vid_Conditioning"]().encode(_ClipVision(), first, v, 64, 48, 4, 127, 6, 0.0)))),
         ],
         "flux2": [
             ("flux2_ref", "VAEEncode + ReferenceLatent", node("ReferenceLatent", lambda v: {
@@ -246,6 +263,9 @@ def write_weights(family: str, path: Path) -> None:
         sd = model(widths=tuple(cfg.block_out_channels), layers=cfg.layers_per_block,
                    latent=cfg.latent_channels).state_dict()
         sd = vae.from_state_dict(sd).state_dict()       # canonical = ComfyUI's keys
+    elif family == "svd":
+        from compare_core_svd import original_layout, published_model
+        sd = original_layout(published_model().state_dict())        # svd_xt's first stage, core's names
     else:
         raise SystemExit(f"unknown family {family!r}: one of {', '.join(FAMILIES)}")
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path))

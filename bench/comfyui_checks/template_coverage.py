@@ -43,7 +43,9 @@ FAMILIES: dict[str, tuple[str, str, str | None]] = {
     "qwen_image_rgba": ("Qwen-Image-Layered VAE (Wan 2.1 architecture, RGBA)", "image", "wan"),
     "qwen_image_like": ("Qwen-Image VAE as Marigold v2 and Ming-Image ship it (inferred, see PATTERNS)", "image", "wan"),
     "mage": ("Mage-VAE (Mage-Flow)", "image", "mage"),
-    "svd": ("SVD temporal decoder (checkpoint)", "image", None),
+    "svd": ("SVD temporal decoder (checkpoint)", "image", "svd"),
+    "hunyuan_image": ("HunyuanImage 2.1 (32x, 64 ch) / 3.0 VAE", "image", "hunyuan_image"),
+    "stage_a": ("Stable Cascade stage A (VQ-GAN 4x)", "image", "stage_a"),
     "wan21": ("Wan 2.1 VAE (incl. Wan-Alpha's RGB/alpha decoders)", "video", "wan"),
     "wan22": ("Wan 2.2 VAE (48 ch)", "video", "wan"),
     "hunyuan_video": ("HunyuanVideo 1.0 VAE", "video", "hunyuan_video"),
@@ -53,6 +55,8 @@ FAMILIES: dict[str, tuple[str, str, str | None]] = {
     "minimax": ("MiniMax H3 video VAE", "video", "minimax"),
     "seedvr2": ("SeedVR2 VAE", "video", "seedvr2"),
     "cogvideox": ("CogVideoX VAE", "video", "cogvideox"),
+    "taehv": ("TAEHV family: taehv, lighttaew2_1 / 2_2, lighttaehy1_5, taeltx_2, taeh3", "video", "taehv"),
+    "cosmos": ("Cosmos-1 continuous video tokenizer (8x8x8)", "video", "cosmos"),
     "pixel_space": ("pixel-space identity (Chroma Radiance, PixelDiT, HiDream-O1)", "identity", None),
     "ltx_audio": ("LTX-2 / 2.5 audio VAE", "audio", None),
     "ace_step": ("ACE-Step 1.0 music DC-AE (checkpoint)", "audio", None),
@@ -80,6 +84,13 @@ PATTERNS: list[tuple[str, str]] = [
     (r"^mage_flow_vae", "mage"),
     (r"^(ae\.safetensors|flux1-(dev|schnell)|sd3(\.5)?_|netayume)", "kl_16ch"),  # NetaYume = Lumina 2 = Flux VAE
     (r"^(vae-ft-mse|sd_xl_|sdxl_vae|sdpose_)", "kl_sd"),
+    # names no template of 0.1.123 loads, so that a later package's use of them is counted, not unmapped:
+    # the TAEHV family (madebyollin/taehv), HunyuanImage (Comfy-Org/HunyuanImage_2.1_ComfyUI), Cosmos-1
+    # (comfyanonymous/cosmos_1.0_text_encoder_and_VAE_ComfyUI), Stable Cascade stage A (stabilityai/stable-cascade)
+    (r"^(taehv|taew2_|lighttaew2_|lighttaehy|taehv1_5|taeltx|taeh3)", "taehv"),
+    (r"^(hunyuan_image_2\.1_vae|hunyuan_image_3|hunyuanimage)", "hunyuan_image"),
+    (r"^cosmos_cv8x8x8", "cosmos"),
+    (r"^stage_a", "stage_a"),
     (r"^hunyuanvideo15_vae", "hunyuan_video15"),
     (r"^hunyuan_video_vae", "hunyuan_video"),
     (r"^ltx-2\.5-video-vae", "ltx_diffusion"),

@@ -225,7 +225,8 @@ FAMILY_INPUTS = {"mochi": ((1, 12, 2, 3, 3), (1, 3, 7, 24, 24)), "ltx": ((1, 16,
                  "minimax": ((1, 24, 3, 2, 2), (1, 3, 5, 32, 32)),
                  "hunyuan_image21": ((1, 64, 2, 2), (1, 3, 64, 64)),
                  "hunyuan_image3": ((1, 32, 1, 2, 2), (1, 3, 32, 32)),
-                 "cogvideox": ((1, 16, 3, 3, 3), (1, 3, 9, 24, 24))}
+                 "cogvideox": ((1, 16, 3, 3, 3), (1, 3, 9, 24, 24)),
+                 "svd": ((1, 4, 3, 3, 3), (1, 3, 3, 24, 24))}
 
 
 # inductor (torch 2.13, CPU) fails to lower these halves; the handle falls back to eager for them

@@ -10,7 +10,7 @@ from helpers import module_attrs
 from video_families import RATIOS, USER_TILED
 
 EXACT_DECODE = ("mochi", "magvit", "wan", "hunyuan_video15", "seedvr2", "cogvideox", "taehv")
-EXACT_ENCODE = ("mochi", "magvit", "ltx", "ltx2", "wan", "hunyuan_video15", "ltx_diffusion", "seedvr2")
+EXACT_ENCODE = ("mochi", "magvit", "ltx", "ltx2", "wan", "hunyuan_video15", "ltx_diffusion", "seedvr2", "svd")
 
 
 def test_declared_streaming_matches_the_issue_table(loaded):

@@ -27,7 +27,9 @@ VIDEO_LATENT = {"mochi": (12, 10, 4, 4), "ltx": (16, 10, 2, 2), "ltx2": (16, 14,
                 # odd: an even count's first 4 frames are one frame repeated (no lone first frame), which an
                 # animated WebP stores once
                 "cogvideox": (16, 9, 4, 4),
-                "taehv": (16, 10, 4, 4), "taeh3": (24, 12, 3, 3)}
+                "taehv": (16, 10, 4, 4), "taeh3": (24, 12, 3, 3), "svd": (4, 16, 4, 4)}
+# families whose LATENT holds one clip's frames in the batch, [T, C, h, w] (as core's SVD nodes make it)
+FRAMES_IN_BATCH = ("svd",)
 # image graphs whose VAE is a video family's (Qwen-Image runs on a Wan 2.1-architecture VAE)
 IMAGE_WITH_VIDEO_VAE = {"qwen_image_vae.safetensors": "wan"}
 FLUX2 = "flux2-vae.safetensors"        # a random-weight Flux.2 VAE at the published ratio (8, 16 packed), narrow
@@ -59,8 +61,9 @@ def video_dirs(comfy_dirs):
     for name, family in {**VIDEO, **IMAGE_WITH_VIDEO_VAE}.items():
         save_file(tiny_state_dict(family), str(comfy_dirs / "models" / "vae" / name))
         if name in VIDEO:
+            z = torch.randn(1, *VIDEO_LATENT[family], generator=g)
             write_latent_file(comfy_dirs / "input" / f"{family}_sample.latent",
-                              torch.randn(1, *VIDEO_LATENT[family], generator=g))
+                              z[0].movedim(1, 0) if family in FRAMES_IN_BATCH else z)
     save_file(_flux2_weights(), str(comfy_dirs / "models" / "vae" / FLUX2))
     save_file(_qwen21_weights(), str(comfy_dirs / "models" / "vae" / QWEN21))
 
@@ -217,9 +220,14 @@ def test_every_video_family_has_tiled_and_framewise_decode_workflows():
 
 
 def _expected(v, z, family, dec):
-    """The library's own decode with the graph's settings (tiled, or frame-wise)."""
+    """The library's own decode with the graph's settings (tiled, or frame-wise), as [1, 3, T, H, W]."""
     s, r = RATIOS[family]
     opts = dict(timestep=dec.get("decode_timestep"), noise_scale=dec.get("decode_noise_scale"), seed=dec.get("seed"))
+    if z.dim() == 4:            # [T, C, h, w]: one clip (Tiled Decode); Frame-wise: each chunk its own clip
+        n = dec.get("frames_per_chunk") or len(z)
+        out = torch.cat([v.decode(z[i:i + n], tile=dec["tile_size"] or None, mode=dec.get("mode", "fast"))
+                         for i in range(0, len(z), n)])
+        return out.movedim(0, 1)[None]
     if "frames_per_chunk" in dec:
         return v.decode(z, tile=dec["tile_size"] or None, overlap=dec["tile_overlap"],
                         tile_frames=dec["frames_per_chunk"] * r, overlap_frames=dec["overlap"] * r, **opts)
@@ -245,16 +253,19 @@ def test_video_workflows_run_headless_and_match_the_library(pack, video_dirs, fa
         v = lib.load(video_dirs / "models" / "vae" / api["1"]["inputs"]["vae_name"])
         s, r = RATIOS[family]
         chunk = dec.get("frames_per_chunk") or v.temporal_tile(dec["temporal_size"]) // r
+        length = z.shape[0] if v.caps.frames_in_batch else z.shape[2]
         if v.caps.own_tiling is not None:       # a family whose chunks are its definition runs its own
             assert len(v.caps.own_tiling.plan("decode", tuple(z.shape)).chunks) > 1
+        elif v.caps.frames_in_batch and kind == "tiled":
+            assert length <= chunk, "one clip (SVD's exact tiles never cut time)"
         else:
-            assert z.shape[2] > chunk, "the sample latent is chunked in time"
+            assert length > chunk, "the sample latent is chunked in time"
         want = _expected(v, z, family, dec)
     finally:
         torch.set_num_threads(threads)
     (webp,) = ui["4"]["images"]                   # Save Animated WEBP: one lossless file, every frame
     frames = read_frames(webp)
-    assert len(frames) == want.shape[2] == v.frames_for(z.shape[2])
+    assert len(frames) == want.shape[2] == v.frames_for(z.shape[0] if v.caps.frames_in_batch else z.shape[2])
     for i in (0, len(frames) // 2, len(frames) - 1):
         frame = want[0, :, i].movedim(0, -1)      # [H, W, 3]
         assert (frames[i] - frame).abs().max() <= 1 / 255 + 1e-6      # 8-bit frames

@@ -19,7 +19,7 @@ from ..nn.norm import GroupNorm
 from ..nn.resnet import conv2d_1x1, conv2d_3x3
 from ..nn.sampling import Downsample2x, Upsample2x
 from ..spec import ArchSpec, Capabilities
-from . import ldm
+from . import ldm, svd_layout
 
 GROUPS, EPS = 32, 1e-6   # every published KL VAE; not recoverable from the weights
 
@@ -52,20 +52,27 @@ def _ops(cfg: KLConfig) -> ldm.Ops:
     return ldm.Ops(conv=conv2d_3x3, shortcut=conv2d_1x1, norm=norm, attention=attention)
 
 
+def encoder_half(cfg: KLConfig) -> tuple[ldm.Encoder, Optional[nn.Conv2d]]:
+    """The KL encoder and, where the file has one (``embed_dim``), its quant conv. SVD's VAE has the
+    same encoder (vae/archs/svd.py)."""
+    last = len(cfg.widths) - 1
+    encoder = ldm.Encoder(cfg.ch, cfg.widths, cfg.num_res_blocks, cfg.in_channels, 2 * cfg.z_channels, _ops(cfg),
+                          downsample=lambda i, c: Downsample2x(c) if i != last else None)
+    quant = cfg.embed_dim is not None
+    return encoder, nn.Conv2d(2 * cfg.z_channels, 2 * cfg.embed_dim, 1) if quant else None
+
+
 class AutoencoderKL(ldm.Autoencoder):
     """encode: pixels in [-1, 1] -> the posterior mode (raw latent, as ComfyUI's LATENT holds it);
     decode: raw latent -> pixels in [-1, 1]. Latent scaling is the sampler's business, not ours."""
 
     def __init__(self, cfg: KLConfig):
         widths = cfg.widths
-        ops, last = _ops(cfg), len(widths) - 1
+        ops = _ops(cfg)
         quant = cfg.embed_dim is not None
         encoder = decoder = quant_conv = post_quant_conv = None
         if cfg.has_encoder:
-            encoder = ldm.Encoder(cfg.ch, widths, cfg.num_res_blocks, cfg.in_channels, 2 * cfg.z_channels,
-                                  ops, downsample=lambda i, c: Downsample2x(c) if i != last else None)
-            if quant:
-                quant_conv = nn.Conv2d(2 * cfg.z_channels, 2 * cfg.embed_dim, 1)
+            encoder, quant_conv = encoder_half(cfg)
         if cfg.has_decoder:
             n_res = cfg.num_res_blocks if cfg.decoder_res_blocks is None else cfg.decoder_res_blocks
             decoder = ldm.Decoder(cfg.decoder_widths or widths, n_res, cfg.z_channels, cfg.out_channels, ops,
@@ -88,6 +95,8 @@ def to_canonical(sd) -> dict:
 
 def detect(sd) -> bool:
     if any(k.endswith(".gamma") for k in sd):      # RMS-normed (Wan-family image VAEs), not GroupNorm
+        return False
+    if svd_layout.is_temporal(sd.keys()):         # SVD's decoder: KL-shaped, with temporal layers (svd.py)
         return False
     for side in ("decoder", "encoder"):
         w = sd.get(f"{side}.conv_in.weight")

@@ -29,7 +29,7 @@ class Ops:
     shortcut: ConvFactory                            # 1x1 conv of resnets that change width
     norm: NormFactory
     attention: Callable[[int], Optional[nn.Module]]  # mid-block attention; None: none
-    block: type[ResnetBlock] = ResnetBlock           # the resnet (a subclass may change its forward)
+    block: Callable[..., ResnetBlock] = ResnetBlock  # the resnet, ResnetBlock's signature (a subclass)
 
     def resnet(self, cin: int, cout: int) -> ResnetBlock:
         return self.block(cin, cout, conv=self.conv, shortcut=self.shortcut, norm=self.norm)
@@ -97,11 +97,11 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
     """``latent_shortcut`` (the DC-AE style VAEs): ``conv_in`` adds the latent, each channel repeated
-    up to the width."""
+    up to the width. ``conv_out``: the last conv's factory when it is not ``ops.conv`` (SVD's mixes frames too)."""
 
     def __init__(self, widths: Sequence[int], num_res_blocks: int, in_channels: int, out_channels: int,
                  ops: Ops, upsample: ResampleFactory, level: LevelFactory = Level, mid_width: Optional[int] = None,
-                 latent_shortcut: bool = False):
+                 latent_shortcut: bool = False, conv_out: Optional[ConvFactory] = None):
         super().__init__()
         self.latent_shortcut = latent_shortcut
         cin = mid_width or widths[-1]
@@ -118,7 +118,7 @@ class Decoder(nn.Module):
             cin = getattr(up, "out_channels", cin)
         self.up = nn.ModuleList(levels)
         self.norm_out = ops.norm(cin)
-        self.conv_out = ops.conv(cin, out_channels)
+        self.conv_out = (conv_out or ops.conv)(cin, out_channels)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(z)

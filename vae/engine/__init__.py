@@ -8,6 +8,8 @@
   the offload device) and tiles.py (the tile grid and the output it writes);
 - budget.py: the planner that picks tile and chunk for a memory budget, from memory.py's meta-device
   measurement of one call;
+- transfer.py: every engine's copies between the compute device and host memory (from a GPU: pinned
+  staging buffers, copies on the call's own stream overlapping the next tile, landed by events);
 - distributed.py: one call over several ranks (torch.distributed);
 - defined.py: families whose reference tiles as part of its definition (the model's own units);
 - guard.py: the NaN guard and its redo in fp32.

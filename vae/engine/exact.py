@@ -52,7 +52,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from . import distributed, park, stages
+from . import distributed, park, stages, transfer
 from . import memory as vram
 from .. import run as runstate
 from ..nn.norm import GroupNorm, group_moments
@@ -80,9 +80,11 @@ class _Coroutine:
     state together with the tile's own stream memory."""
 
     def __init__(self, tile: Tile, memory: Optional[dict], body: Callable[["_Coroutine"], Callable],
-                 device: Optional[torch.device] = None, park_to: Optional[torch.device] = None, force: bool = False):
+                 device: Optional[torch.device] = None, park_to: Optional[torch.device] = None, force: bool = False,
+                 transfers: Optional[transfer.Transfers] = None):
         self.tile, self._memory = tile, memory
         self.device, self.park_to, self.force = device, park_to, force   # parking a paused tile (vae/engine/park.py)
+        self.transfers = transfers or transfer.Transfers()
         self._tracker = vram.current_tracker()      # a planner's dry run counts this thread's tensors too
         self._body = body(self)          # what the thread runs: a closure over this coroutine
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -110,7 +112,8 @@ class _Coroutine:
     def pause(self, kind: str, module: Optional[nn.Module], payload):
         parked = None
         if self.park_to is not None:        # wait on the offload device: what this thread's frames hold
-            parked = park.park_frames(sys._getframe(1), self.device, self.park_to, [self._memory], self.force)
+            parked = park.park_frames(sys._getframe(1), self.device, self.park_to, [self._memory], self.force,
+                                      self.transfers)
         self._outbox.put(("sync", (kind, module, payload)))
         reply = self._inbox.get()
         if reply is _ABORT:
@@ -148,8 +151,10 @@ class _Coroutine:
         scales, core = self.tile.locate(x)
         if kind == "boundary" and not active(module, scales):
             return forward(x)
-        core = x[core] if self.park_to is None else x[core].to(self.park_to, copy=True)   # no view pins x
-        x = self.pause(kind, module, (core, scales))    # the re-cut tile (for "whole": of the output)
+        # handed over as a copy on the offload device (no view pins x), a temporary: parking at this pause
+        # must not move it (it may be a copy still in flight)
+        x = self.pause(kind, module, (x[core] if self.park_to is None else
+                                      self.transfers.copy_to_host(x[core], self.park_to), scales))
         return x if kind == "whole" else forward(x)
 
 
@@ -248,7 +253,8 @@ class _Run:
         self.whole_memory: Optional[dict] = {} if chunks else None
         self.cos: list[_Coroutine] = []      # this rank's tiles (all of them on one process)
         self.comm = distributed.current()
-        self.out = Output(out_device, self.comm.size > 1, chunks[1][-1][1] if chunks else None)
+        self.transfers = transfer.Transfers()
+        self.out = Output(out_device, self.comm.size > 1, chunks[1][-1][1] if chunks else None, self.transfers)
 
     def _body(self, src: torch.Tensor) -> Callable[[_Coroutine], Callable[[], Optional[torch.Tensor]]]:
         fn, model, chunks = self.fn, self.model, self.chunks
@@ -274,7 +280,7 @@ class _Run:
             self._start(tile, in_unit)
             device, park_to = self.parking or (None, None)
             self.cos.append(_Coroutine(tile, {} if self.chunks else None, self._body(self.x[tile.slices()]),
-                                       device, park_to, self.force))
+                                       device, park_to, self.force, self.transfers))
         replies: list = [None] * len(self.cos)
         for step in itertools.count():
             msgs, error = [], None
@@ -300,7 +306,7 @@ class _Run:
                 if not self.chunks:
                     for co, (_, y) in zip(self.cos, msgs):
                         self.out.write(co.tile, y)
-                return self.comm.sum_(self.out.tensor)          # the ranks' cores, assembled on every rank
+                return self.comm.sum_(self.out.result())        # the ranks' cores, assembled on every rank
             expect = self.rounds[i]
             _check(step, expect, msgs)
             if expect is _CHUNK:
@@ -316,7 +322,8 @@ class _Run:
                 if expect.kind == "boundary" and self.comm.size > 1:
                     replies = _exchange(seg, msgs, self.cos, self.tiles, self.owner, self.latent, self.comm)
                 else:
-                    replies = _answer(expect, seg, msgs, self.cos, self.latent, self.out_device, self.comm)
+                    replies = _answer(expect, seg, msgs, self.cos, self.latent, self.out_device, self.comm,
+                                      self.transfers)
         raise AssertionError("unreachable")
 
     def _start(self, tile: Tile, in_unit: int) -> None:
@@ -345,9 +352,12 @@ def _layout(msgs, latent) -> tuple:
     return first, scales, size, fmt
 
 
-def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=distributed.LOCAL):
+def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=distributed.LOCAL,
+            transfers: Optional[transfer.Transfers] = None):
     """One round: every tile paused at the same place; compute what each resumes with. Across ranks
-    (``comm``) the sums and the assembled maps are all-reduced: each rank holds only its tiles."""
+    (``comm``) the sums and the assembled maps are all-reduced: each rank holds only its tiles. At a map
+    round the tiles' cores, copied out at their pause (``transfers``), are landed first."""
+    transfers = transfers or transfer.Transfers()
     if expect.kind == "stats":
         s1 = comm.sum_(sum(v[2][0] for _, v in msgs))
         s2 = comm.sum_(sum(v[2][1] for _, v in msgs))
@@ -356,6 +366,7 @@ def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=dis
         var = (s2 / n - mean.square()).clamp_min(0)
         return [(mean.float(), var.float())] * len(msgs)
     # gather the cores into one map, run a whole module on it, re-cut every tile
+    transfers.wait()
     whole = expect.kind == "whole"
     first, scales, size, fmt = _layout(msgs, latent)
     device = first.device                # where the tiles compute
@@ -374,7 +385,7 @@ def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=dis
 
     def recut(co: _Coroutine) -> torch.Tensor:     # made when the tile resumes: one new slice at a time
         co.tile.cut(scales, seg, size)
-        return full[co.tile.slices()].to(device).clone(memory_format=fmt)
+        return transfers.to_device(full[co.tile.slices()], device, fmt)
     return [functools.partial(recut, co) for co in cos]
 
 

@@ -9,8 +9,9 @@ output) are reported to the tracker (``offloaded``) and counted apart from the c
 
 The real peak exceeds the live bytes by what the tensor library keeps besides: a share that grows with
 the tensors (allocator rounding, convolution workspaces) and a fixed part (thread pools, the allocator's
-arenas). ``CALIBRATION`` per device type is that affine fit, from ``bench/bench_budget.py`` runs
-(predicted vs measured, printed side by side). One workspace grows with the weights instead, so no fit
+arenas). ``CALIBRATION`` per device type is that affine fit, from measurements against these
+predictions (CPU: ``bench/bench_budget.py``; CUDA: ``bench/gpu_check.py --calibrate``), with where it
+came from and whether it was measured at all. One workspace grows with the weights instead, so no fit
 over activations covers it: on the CPU every convolution reorders its weight into oneDNN's blocked
 layout, a transient copy as large as the weight (HunyuanVideo 1.5's 1024 -> 8192 channel up-sampler:
 906 MiB a call, measured by peak RSS per op). The tracker also keeps the peak of live bytes plus the
@@ -32,20 +33,44 @@ from torch.utils._pytree import tree_flatten
 
 from .. import run
 
-# measured peak working set = factor * the tracker's live peak + fixed bytes. CPU: peak RSS after load
-# (glibc malloc, oneDNN), fitted on Wan 2.1 from a 64 px exact tile (live 134 MiB) to one pass (1823 MiB)
-# in bench/bench_budget.py. Other devices are not measured yet: a margin above the CPU's.
-CALIBRATION = {"cpu": (1.07, 200 << 20)}
-DEFAULT_CALIBRATION = (1.25, 256 << 20)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """measured peak working set = ``factor`` * the tracker's live peak + ``fixed`` bytes on a device type,
+    ``measured`` there (or a default until it is), and where the figures come from."""
+    factor: float
+    fixed: int
+    measured: bool
+    source: str
+
+
+# The fit per device type. CPU: peak RSS after load (glibc malloc, oneDNN). CUDA: what the caching
+# allocator reserves (torch.cuda.max_memory_reserved: the device memory this process holds; allocator
+# rounding and fragmentation, cuDNN workspaces): `python3 bench/gpu_check.py --calibrate` prints the fit
+# from measurements against these predictions; until it has run on a GPU, a conservative default.
+CALIBRATION = {
+    "cpu": Calibration(1.07, 200 << 20, True, "peak RSS, Wan 2.1 published config from a 64 px exact tile "
+                       "(live 134 MiB) to one pass (1823 MiB), bench/bench_budget.py, 2026-11-26"),
+    "cuda": Calibration(1.5, 512 << 20, False, "not yet measured on a GPU: a conservative default (above the "
+                        "CPU's fit); bench/gpu_check.py --calibrate measures it"),
+}
+DEFAULT_CALIBRATION = Calibration(1.5, 512 << 20, False, "not measured for this device type: CUDA's default")
 # device types whose convolutions make a transient copy of their weight at every call (see above)
 WEIGHT_COPIES = {"cpu"}
 _CONVOLUTIONS = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
                  "conv_transpose2d", "conv_transpose3d"}
 
 
+def calibration_entry(device: torch.device) -> Calibration:
+    """The device type's calibration, with whether it was measured and where it comes from."""
+    return CALIBRATION.get(torch.device(device).type, DEFAULT_CALIBRATION)
+
+
 def calibration(device: torch.device) -> tuple[float, int]:
     """(factor, fixed bytes) of the device type's working set over the tracker's live bytes."""
-    return CALIBRATION.get(torch.device(device).type, DEFAULT_CALIBRATION)
+    c = calibration_entry(device)
+    return c.factor, c.fixed
 
 
 def calibrated(live: int, device: torch.device) -> int:

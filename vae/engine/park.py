@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from . import memory
+from .transfer import Transfers
 
 
 def _tensors(value, depth: int = 0) -> Iterable[torch.Tensor]:
@@ -55,9 +56,11 @@ def held(frame: Optional[FrameType], device: torch.device, extra: Iterable = ())
 
 
 class Parked:
-    """Storages moved to the offload device at a pause; ``restore`` moves them back."""
+    """Storages moved to the offload device at a pause; ``restore`` moves them back (both through
+    ``transfers``: from a GPU, pinned storages and copies that overlap the next tile, vae/engine/transfer.py)."""
 
-    def __init__(self):
+    def __init__(self, transfers: Transfers):
+        self.transfers = transfers
         self.groups: list[tuple[list[torch.Tensor], torch.UntypedStorage, torch.device]] = []
         self.dry: list[torch.Tensor] = []        # meta tensors the planner's tracker counted as away
         self.bytes = 0
@@ -67,16 +70,17 @@ class Parked:
             memory.returned(t)
         self.dry.clear()
         for tensors, storage, device in self.groups:
-            back = storage.to(device=device) if storage.device != device else storage.clone()
+            back = self.transfers.unpark(storage, device)
             for t in tensors:
                 t.set_(back, t.storage_offset(), t.size(), t.stride())
         self.groups.clear()
 
 
-def park(tensors: list[torch.Tensor], offload: torch.device, force: bool = False) -> Parked:
+def park(tensors: list[torch.Tensor], offload: torch.device, force: bool = False,
+         transfers: Optional[Transfers] = None) -> Parked:
     """Move the storages of ``tensors`` that nothing else references to ``offload``. ``force``: move
     even to the same device (a new storage; the tests' check that nothing depends on the old one)."""
-    parked = Parked()
+    parked = Parked(transfers or Transfers())
     by_storage: dict[int, list[torch.Tensor]] = {}
     for t in tensors:
         by_storage.setdefault(t.untyped_storage()._cdata, []).append(t)
@@ -91,7 +95,7 @@ def park(tensors: list[torch.Tensor], offload: torch.device, force: bool = False
             continue
         if storage.device == offload and not force:
             continue
-        moved = storage.to(device=offload) if storage.device != offload else storage.clone()
+        moved = parked.transfers.park(storage, offload)
         for t in group:
             t.set_(moved, t.storage_offset(), t.size(), t.stride())
         parked.groups.append((group, moved, storage.device))
@@ -100,9 +104,9 @@ def park(tensors: list[torch.Tensor], offload: torch.device, force: bool = False
 
 
 def park_frames(frame: Optional[FrameType], device: torch.device, offload: torch.device, extra: Iterable = (),
-                force: bool = False) -> Parked:
+                force: bool = False, transfers: Optional[Transfers] = None) -> Parked:
     """Park what the calling thread's frames (from ``frame`` outwards) and ``extra`` hold on ``device``."""
-    return park(held(frame, device, extra), offload, force)
+    return park(held(frame, device, extra), offload, force, transfers)
 
 
 def caller(depth: int = 1) -> FrameType:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -38,7 +39,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from . import distributed
+from . import distributed, transfer
 from . import memory as vram
 from .. import run as runstate
 from .receptive import Event, Segment, active, scale_of, segments, separates
@@ -123,10 +124,10 @@ def _plain():
 
 class _Maps:
     """A separator's map per chunk (the assembled cores of its input; after a whole module, its output),
-    on the offload device."""
+    on the offload device; tiles' cores are copied in and slices out through ``transfers``."""
 
-    def __init__(self, latent: tuple[int, ...], device: torch.device, zeros: bool):
-        self.latent, self.device, self.zeros = latent, device, zeros
+    def __init__(self, latent: tuple[int, ...], device: torch.device, zeros: bool, transfers: transfer.Transfers):
+        self.latent, self.device, self.zeros, self.transfers = latent, device, zeros, transfers
         self.maps: dict[int, torch.Tensor] = {}
         self.fmt = torch.contiguous_format
 
@@ -140,7 +141,7 @@ class _Maps:
                 m = torch.empty(*x.shape[:-2], *size, dtype=x.dtype, device=self.device, memory_format=self.fmt)
                 self.maps[chunk] = m.zero_() if self.zeros else m      # zeros where other ranks' cores go
         dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(tile.core, scales))
-        self.maps[chunk][(..., *dst)] = x[core]
+        self.transfers.to_host(x[core], self.device, self.maps[chunk][(..., *dst)].copy_)
 
     def read(self, chunk: int, tile: Tile, seg: Segment, like: torch.Tensor) -> torch.Tensor:
         """The tile's slice (core plus ``seg``'s halo) of chunk ``chunk``'s map, on ``like``'s device."""
@@ -151,18 +152,23 @@ class _Maps:
                                f"forward carries {tuple(like.shape)} (something besides the separator's input is "
                                "live across it)")
         tile.cut(scales, seg, full.shape[-2:])
-        return full[tile.slices()].to(like.device, memory_format=self.fmt, copy=True)      # one copy, counted
+        return self.transfers.to_device(full[tile.slices()], like.device, self.fmt)      # one copy, counted
+
+    def _put(self, chunk: int, y: torch.Tensor) -> None:
+        self.maps[chunk] = y
+        vram.offloaded(y)           # (on one device ``to`` hands back y itself)
 
     def finish(self, comm, module: Optional[nn.Module], device: torch.device, memory: Optional[dict]) -> None:
         """All tiles have written: sum the ranks' shares; run a whole module on each chunk, in order."""
+        self.transfers.wait()
         for c in sorted(self.maps):
             comm.sum_(self.maps[c])
             if module is not None:
                 with runstate.stream(memory) if memory is not None else contextlib.nullcontext():
-                    y = module(self.maps[c].to(device))
-                self.maps[c] = y.to(self.device, memory_format=self.fmt)
-                vram.offloaded(self.maps[c])        # (``to`` may hand back y itself)
+                    y = module(self.transfers.to_device(self.maps[c], device, copy=False))
+                self.transfers.to_host(y, self.device, functools.partial(self._put, c))
                 del y
+        self.transfers.wait()
 
 
 class _Hooks:
@@ -210,7 +216,8 @@ class _Stages:
         self.offload = offload
         self.device = next(model.parameters()).device       # where whole modules run
         self.comm = distributed.current()
-        self.out = Output(out_device, self.comm.size > 1, chunks[1][-1][1] if chunks else None)
+        self.transfers = transfer.Transfers()
+        self.out = Output(out_device, self.comm.size > 1, chunks[1][-1][1] if chunks else None, self.transfers)
         self.maps_in: Optional[_Maps] = None
         self.maps_out: Optional[_Maps] = None
 
@@ -222,7 +229,7 @@ class _Stages:
         whole_memory = {} if self.chunks else None
         for stage in self.plan.stages:
             last = stage.end is None
-            self.maps_out = None if last else _Maps(self.latent, self.offload, self.comm.size > 1)
+            self.maps_out = None if last else _Maps(self.latent, self.offload, self.comm.size > 1, self.transfers)
             error = None
             try:
                 for tile in mine:
@@ -245,9 +252,11 @@ class _Stages:
                 self.maps_out.finish(self.comm, module if self.plan.events[stage.end].kind == "whole" else None,
                                      self.device, whole_memory)
             self.maps_in, self.maps_out = self.maps_out, None
+            if not last:
+                transfer.between_stages(self.device)
         if self.progress:
             self.progress(units, units)
-        return self.comm.sum_(self.out.tensor)
+        return self.comm.sum_(self.out.result())
 
     def _one(self, stage: Stage, tile: Tile, c: int, span, memory, in_unit: int, tiny: tuple[int, int]):
         """One tile's chunk ``c`` through ``stage``: its output (last stage) or None."""

@@ -12,12 +12,14 @@ tiling engine's ramps.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from . import tiling
+from .transfer import Transfers
 from .. import run
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -42,13 +44,15 @@ def run_streamed(fn: Fn, model: torch.nn.Module, x: torch.Tensor, in_chunks: Seq
 
     Each spatial tile's stream keeps its caches in a memory of its own (``vae.run.stream``), held by
     this call only and dropped when the tile's stream ends, also on an interrupt (``progress``
-    raising); the partial output is dropped with the exception."""
+    raising); the partial output is dropped with the exception. A chunk's frames are copied out
+    (asynchronously from a GPU, vae/engine/transfer.py) while the next chunk runs."""
     b = x.shape[0]
     out = torch.zeros(b, out_channels, out_frames, *(p.length * s for p, s in zip(spatial, out_scale)),
                       device=out_device, dtype=torch.float32)
     weights = [tiling.axis_weights(p, s) for p, s in zip(spatial, out_scale)]
     tiles = list(itertools.product(*(range(len(p.spans)) for p in spatial)))
     total, done = len(tiles) * len(in_chunks), 0
+    transfers = Transfers()
     for idx in tiles:
         spans = [p.spans[i] for p, i in zip(spatial, idx)]
         src_hw = tuple(slice(a * s, b_ * s) for (a, b_), s in zip(spans, in_scale))
@@ -60,11 +64,12 @@ def run_streamed(fn: Fn, model: torch.nn.Module, x: torch.Tensor, in_chunks: Seq
                 if y.shape[2] != ob - oa:
                     raise RuntimeError(f"a chunk gave {y.shape[2]} frames, expected {ob - oa}")
                 dst = out[(slice(None), slice(None), slice(oa, ob)) + dst_hw]
-                dst.addcmul_(y.to(out_device, torch.float32), w.to(out_device))
+                transfers.to_host(y, out_device, functools.partial(tiling._add, dst, w.to(out_device)))
                 del y
                 done += 1
                 if progress:
                     progress(done, total)
+    transfers.wait()
     return out
 
 

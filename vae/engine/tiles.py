@@ -16,6 +16,7 @@ import torch
 
 from . import memory
 from .receptive import Segment
+from .transfer import Transfers
 
 
 @dataclass
@@ -90,10 +91,14 @@ def grid(cores: Sequence[Sequence[tuple[int, int]]], latent: tuple[int, ...]) ->
 
 class Output:
     """The run's result, assembled from each tile's core (float32 on ``device``). Across ranks each
-    rank fills its tiles' cores into zeros and the sum assembles it (``comm.sum_``)."""
+    rank fills its tiles' cores into zeros and the sum assembles it (``comm.sum_``). A core is copied
+    out through ``transfers`` (asynchronously from a GPU, vae/engine/transfer.py): ``result()`` waits
+    for the copies."""
 
-    def __init__(self, device: torch.device, zeros: bool, frames: Optional[int] = None):
+    def __init__(self, device: torch.device, zeros: bool, frames: Optional[int] = None,
+                 transfers: Optional[Transfers] = None):
         self.device, self.zeros, self.frames = device, zeros, frames
+        self.transfers = transfers or Transfers()
         self.tensor: Optional[torch.Tensor] = None
 
     def write(self, tile: Tile, y: torch.Tensor, frames: Optional[tuple[int, int]] = None) -> None:
@@ -110,4 +115,10 @@ class Output:
             if y.shape[2] != frames[1] - frames[0]:
                 raise RuntimeError(f"a chunk gave {y.shape[2]} frames, expected {frames[1] - frames[0]}")
             dst = (slice(None), slice(None), slice(*frames)) + dst
-        self.tensor[(..., *dst)] = y[core].to(self.device, torch.float32)
+        target = self.tensor[(..., *dst)]
+        self.transfers.to_host(y[core].to(dtype=torch.float32), self.device, target.copy_)
+
+    def result(self) -> torch.Tensor:
+        """The assembled output, every copy landed."""
+        self.transfers.wait()
+        return self.tensor

@@ -10,6 +10,7 @@ stride instead, in four copies of the same code.)"""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import torch
 
 from .. import checks
 from . import distributed
+from .transfer import Transfers
 from .. import run as runstate
 from ..errors import VAEKitError
 
@@ -205,9 +207,11 @@ def run_tiled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, plans
 
 
 def _blend(fn, x, plans, in_scale, out_scale, out_channels, out, weights, kept, tiles, progress) -> None:
-    """Run the tiles ``tiles`` (index tuples) and add each, weighted, into ``out``."""
+    """Run the tiles ``tiles`` (index tuples) and add each, weighted, into ``out``: each tile's output
+    is copied out (asynchronously from a GPU, vae/engine/transfer.py) while the next tile runs."""
     k, lead, total = len(plans), x.shape[: x.dim() - len(plans) - 1], len(tiles)
-    out_device, out_dtype = out.device, out.dtype
+    out_device = out.device
+    transfers = Transfers()
     for done, idx in enumerate(tiles, 1):
         spans = [p.spans[i] for p, i in zip(plans, idx)]
         src = x[(..., *(slice(*_span(s, a, b)) for (a, b), s in zip(spans, in_scale)))]
@@ -224,10 +228,16 @@ def _blend(fn, x, plans, in_scale, out_scale, out_channels, out, weights, kept, 
         for d in range(1, k):
             w = w * weights[d][idx[d]].reshape(-1, *([1] * (k - 1 - d)))
         dst = out[(..., *(slice(a, b) for a, b in dst_spans))]
-        dst.addcmul_(y.to(out_device, out_dtype), w.to(out_device))
+        transfers.to_host(y, out_device, functools.partial(_add, dst, w.to(out_device)))
         del y, src
         if progress:
             progress(done, total)
+    transfers.wait()
+
+
+def _add(dst: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> None:
+    """A tile's output ``y``, weighted by its blend ramp ``w``, added into its place ``dst``."""
+    dst.addcmul_(y.to(dst.dtype), w)
 
 
 def _misfit(src, got, expect) -> VAEKitError:
