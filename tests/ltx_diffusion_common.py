@@ -70,6 +70,16 @@ def reference(seed: int = 0, **kw) -> ReferenceFile:
     return jitter_norms(m).eval()
 
 
+def posterior(ref: ReferenceFile, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The posterior of pixels ``x`` (0..1) in LATENT terms: diffusers' mean normalised by the statistics;
+    the log-variance is the constant -30 (ComfyUI's LTX-2.5 config: ``latent_log_var`` "constant", the
+    encoder's last channel dropped; diffusers' class knows only a uniform channel) divided by std^2."""
+    with torch.no_grad():
+        mean = ref.autoencoder[0].encode(x * 2 - 1).latent_dist.mean
+    m, s = (v.view(1, -1, 1, 1, 1) for v in (ref.latents_mean, ref.latents_std))
+    return (mean - m) / s, (-30.0 - 2 * s.log()).expand_as(mean)
+
+
 def diffusers_state_dict(m: torch.nn.Module) -> dict:
     return {k: v.contiguous() for k, v in m.state_dict().items()}
 

@@ -23,10 +23,24 @@ class Row:
     # the family tiles as part of its definition (Capabilities.own_tiling): tile sizes a call gives
     # are not used, so the shared tests of user tiles do not apply (its own tests cover its tiles)
     own_tiles: bool = False
+    # the reference's Gaussian posterior of pixels in 0..1, (mean, log-variance) in the LATENT's terms
+    # (``posterior(reference, x)``); None where the reference gives none to compare with
+    posterior: Optional[Callable[[torch.nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = None
 
 
 def _diffusers():
     return pytest.importorskip("diffusers")
+
+
+def diffusers_posterior(ref: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """diffusers' ``latent_dist`` (mean and the clamped log-variance) of one pass over the clip, for a
+    family whose LATENT is the raw posterior mean (the tiny LTX rows keep diffusers' identity statistics)."""
+    for flag in ("use_framewise_encoding", "use_tiling", "use_slicing"):
+        if hasattr(ref, flag):
+            setattr(ref, flag, False)
+    with torch.no_grad():
+        dist = ref.encode(x * 2 - 1).latent_dist
+    return dist.mean, dist.logvar
 
 
 class _InLayout(torch.nn.Module):
@@ -114,10 +128,10 @@ def _taehv(latent: int, patch: int, **published):
 ROWS: dict[str, Row] = {
     "mochi": Row((8, 6), lambda: _diffusers().AutoencoderKLMochi(
         encoder_block_out_channels=(32, 32, 32, 64), decoder_block_out_channels=(32, 32, 32, 64),
-        layers_per_block=(1,) * 5)),
+        layers_per_block=(1,) * 5), posterior=diffusers_posterior),
     "ltx": Row((32, 8), lambda: _diffusers().AutoencoderKLLTXVideo(
         latent_channels=16, block_out_channels=(8, 16, 32, 32), decoder_block_out_channels=(8, 16, 32, 32),
-        layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 5)),
+        layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 5), posterior=diffusers_posterior),
     # LTX-2.3's shape (time-only and space-only up-samplers), published flags; LTX-2 extends the
     # LTX-Video family: one spec, its versions told apart by their shapes
     "ltx2": Row((32, 8), lambda: _diffusers().AutoencoderKLLTX2Video(
@@ -126,17 +140,18 @@ ROWS: dict[str, Row] = {
         decoder_spatio_temporal_scaling=(True,) * 4, decoder_inject_noise=(False,) * 5,
         upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"), upsample_residual=(False,) * 4,
         upsample_factor=(2, 2, 1, 2), decoder_causal=False, decoder_spatial_padding_mode="zeros",
-        spatial_compression_ratio=32, temporal_compression_ratio=8), spec_id="ltx"),
-    "hunyuan_video": Row((8, 4), _hunyuan_video),
+        spatial_compression_ratio=32, temporal_compression_ratio=8), spec_id="ltx", posterior=diffusers_posterior),
+    "hunyuan_video": Row((8, 4), _hunyuan_video, posterior=diffusers_posterior),
     "magvit": Row((8, 4), lambda: _diffusers().AutoencoderKLMagvit(block_out_channels=(32, 32, 32, 32),
-                                                                   layers_per_block=1)),
+                                                                   layers_per_block=1), posterior=diffusers_posterior),
     # Wan 2.1's published structure, narrow
-    "wan": Row((8, 4), lambda: _diffusers().AutoencoderKLWan(base_dim=8, z_dim=16)),
+    "wan": Row((8, 4), lambda: _diffusers().AutoencoderKLWan(base_dim=8, z_dim=16), posterior=diffusers_posterior),
     # the published structure (5 levels), narrow
     "hunyuan_video15": Row((16, 4), lambda: _diffusers().AutoencoderKLHunyuanVideo15(
-        block_out_channels=(8, 16, 32, 64, 64), layers_per_block=1)),
-    # LTX-2.5: LTX-2.3's encoder beside the diffusion decoder (4 + 1 stages), narrow, published windows
-    "ltx_diffusion": Row((32, 8), lambda: ltx_diffusion_common.reference()),
+        block_out_channels=(8, 16, 32, 64, 64), layers_per_block=1), posterior=diffusers_posterior),
+    # LTX-2.5: LTX-2.3's encoder beside the diffusion decoder (4 + 1 stages), narrow, published windows;
+    # its encoder's log-variance is the constant -30 (ComfyUI's config), not diffusers' uniform channel
+    "ltx_diffusion": Row((32, 8), lambda: ltx_diffusion_common.reference(), posterior=ltx_diffusion_common.posterior),
     # the published structure (4 levels, time resampled in the middle two), narrow; not diffusers (see _seedvr2)
     "seedvr2": Row((8, 4), _seedvr2),
     # the published structure (6 encoder levels, 4 of them down-sampling), 32 wide (GroupNorm's 32
@@ -144,7 +159,8 @@ ROWS: dict[str, Row] = {
     "minimax": Row((16, 4), _minimax, own_tiles=True),
     # the published structure (4 levels, time resampled on the outer two), 32 wide (GroupNorm's 32 groups)
     "cogvideox": Row((8, 4), lambda: _diffusers().AutoencoderKLCogVideoX(block_out_channels=(32,) * 4,
-                                                                         layers_per_block=1)),
+                                                                         layers_per_block=1),
+                     posterior=diffusers_posterior),
     # the TAEHV family at Wan 2.1's / HunyuanVideo's shapes (16 channels, 8x/4x), narrow; and taeh3 (MiniMax
     # H3's 24 channels, 2x2 patches), whose units are H3's clips
     "taehv": Row((8, 4), lambda: _taehv(16, 1)),

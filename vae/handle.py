@@ -14,6 +14,7 @@ import torch
 from . import checks
 from .engine import defined, exact, guard, streaming, tiling
 from .files import latents
+from .nn import posterior as gaussian
 from .errors import InputError
 from .spec import ArchSpec, Capabilities
 
@@ -246,15 +247,19 @@ class VAE:
             return (y.float() - lo) / (hi - lo)
         return fn
 
-    def encode_fn(self, **options) -> Callable[..., torch.Tensor]:
-        """The encode of one tile: ``fn(pixels in 0..1, model=None)`` -> latent (float32); ``options``: the
-        model's own encode inputs (``encode_options``)."""
+    def encode_fn(self, posterior: bool = False, **options) -> Callable[..., torch.Tensor]:
+        """The encode of one tile: ``fn(pixels in 0..1, model=None)`` -> latent (float32); ``posterior``:
+        the posterior's mean and log-variance stacked in channels (vae/nn/posterior.py), which every
+        engine runs as a latent of twice the channels; ``options``: the model's own encode inputs
+        (``encode_options``)."""
         lo, hi = self.caps.value_range
-        opts = {k: v for k, v in options.items() if k in self.caps.encode_options and v is not None}
+        kw = {k: v for k, v in options.items() if k in self.caps.encode_options and v is not None}
+        if posterior:
+            kw["posterior"] = True
 
         def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
             model = self.model if model is None else model
-            return model.encode(self._model_input(t, model) * (hi - lo) + lo, **opts).float()
+            return model.encode(self._model_input(t, model) * (hi - lo) + lo, **kw).float()
         return fn
 
     def decode(self, z: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
@@ -313,7 +318,7 @@ class VAE:
         route = self.route(call)
         latent_units, pixel_units = self._scales()
         ins_u, outs_u = (latent_units, pixel_units) if call.decode else (pixel_units, latent_units)
-        channels = caps.image_channels if call.decode else caps.latent_channels
+        channels = caps.image_channels if call.decode else caps.latent_channels * (2 if call.posterior else 1)
         plans, chunks = route.plans, route.chunks
         if route.engine == "exact":
             units = (1, r) if call.decode else (r, 1)
@@ -452,34 +457,58 @@ class VAE:
     def encode(self, x: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
-               mode: str = "fast", budget: Budget = None, offload: DeviceLike = None, **options) -> torch.Tensor:
+               mode: str = "fast", budget: Budget = None, offload: DeviceLike = None,
+               posterior: bool = False, **options) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Images [B, C, H, W] (video: clips [B, C, T, H, W]) in 0..1 -> LATENT tensor (packed the way
         the model family's LATENTs are; SVD's one clip [T, C, H, W] -> [T, C, h, w]). A clip whose frame
         count does not fit the family's rule is encoded as core does (the frames past the last whole group
         dropped) with a warning. ``mode``, ``budget``, ``offload`` and ``options`` (the model's own encode
-        inputs, if any) as for decode."""
+        inputs, if any) as for decode; an exact encode of a model that streams runs its clip in time chunks
+        when the budget asks for them.
+
+        ``posterior``: return ``(mean, logvar)``, the encoder's Gaussian posterior in the LATENT's layout
+        and normalisation (``mean`` is what ``encode(x)`` returns; ``logvar`` is the log-variance of that
+        normalised latent, clamped to [-30, 20] before the normalisation as diffusers clamps it), from
+        the same encoder output under any tiles and chunks. Families without one (TAESD) raise."""
         tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device = self._checked(
             "encode", options, tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device)
         _, frames_in_batch = self._as_clip(x)
         x = self.check_image(x)
+        if posterior and not self.caps.posterior:
+            raise InputError(f"{self.name} has no Gaussian posterior: its encoder gives one latent, not a mean and "
+                             "a log-variance.", input="posterior",
+                             fix="encode without posterior (its latent is already deterministic), or use a VAE "
+                                 "with a Gaussian posterior (a KL VAE, Wan, LTX, HunyuanVideo, ...).")
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
-            return defined.encode(self, x, progress, out_device, budget, tile=tile, overlap=overlap,
-                                  tile_frames=tile_frames, overlap_frames=overlap_frames)
+            z = defined.encode(self, x, progress, out_device, budget, posterior, tile=tile, overlap=overlap,
+                               tile_frames=tile_frames, overlap_frames=overlap_frames)
+            return self._latent_out(z, posterior)
         r = self.caps.spatial_ratio
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:
             grid = ((x.shape[2] - 1) // self.caps.temporal_ratio + 1,) + grid
-        with torch.inference_mode(), guard.Guard(self, "encode", self.encode_fn(**options)) as g:
-            call = Call(False, x.shape, grid, tile, overlap, tile_frames, overlap_frames, mode)
+        with torch.inference_mode(), guard.Guard(self, "encode", self.encode_fn(posterior, **options)) as g:
+            call = Call(False, x.shape, grid, tile, overlap, tile_frames, overlap_frames, mode, posterior)
             z = self._planned(call, budget, out_device, offload, lambda c: self._engine(
                 g, x, c, progress, out_device, offload))
             if hasattr(self.model, "finish_encode"):     # whole-latent steps after tiling (Flux.2's BatchNorm)
-                z = self.model.finish_encode(z)
+                z = self.model.finish_encode(z, posterior=True) if posterior else self.model.finish_encode(z)
             guard.require_finite(self, z, "encode", x, {}, "pixels")
-            z = latents.pack(z, self.caps.latent_pack)
+            return self._latent_out(z, posterior, frames_in_batch)
+
+    def _latent_out(self, z: torch.Tensor, posterior: bool, frames_in_batch: bool = False
+                    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The engines' encode output as the caller gets it: packed as the family's LATENTs (with a frame axis
+        where the family's image LATENTs carry one; SVD's frames back in the batch where they came in);
+        a posterior split into (mean, logvar), each packed alike."""
+        def out(h: torch.Tensor) -> torch.Tensor:
+            h = latents.pack(h.contiguous(), self.caps.latent_pack)
             if frames_in_batch:
-                return z[0].movedim(1, 0)
-            return z.unsqueeze(2) if self.caps.latent_frame_axis else z
+                return h[0].movedim(1, 0)
+            return h.unsqueeze(2) if self.caps.latent_frame_axis else h
+        if not posterior:
+            return out(z)
+        return tuple(out(h) for h in gaussian.split(z))
 
 
 @dataclass(frozen=True)
@@ -494,6 +523,7 @@ class Call:
     tile_frames: Optional[int] = None
     overlap_frames: Optional[int] = None
     mode: str = "fast"
+    posterior: bool = False        # an encode of the posterior: its output has twice the latent channels
 
 
 @dataclass(frozen=True)

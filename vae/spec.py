@@ -45,6 +45,9 @@ class Capabilities:
     # temporal_ratio * t frames
     first_frame_odd_only: bool = False
     can_encode: bool = True
+    # the encoder gives a Gaussian posterior (mean and log-variance): ``model.encode(x, posterior=True)``
+    # returns both stacked in channels (vae/nn/posterior.py); False: one deterministic latent (TAESD)
+    posterior: bool = False
     can_decode: bool = True
     default_tile: int = 512           # pixels
     default_overlap: int = 64         # pixels

@@ -182,6 +182,53 @@ def test_an_impossible_budget_names_the_smallest_that_works(loaded):
         v.decode(torch.randn(1, 16, 3, 16, 16), mode="exact", budget=4096)
 
 
+def _need(v, shape, **kw) -> int:
+    return budget.on_device(budget.predict(v, v.call_for("encode", shape, mode="exact", **kw), CPU, CPU), CPU, CPU, CPU)
+
+
+def test_an_exact_encode_within_a_budget_streams_the_clip_then_tiles_it(loaded):
+    """The issue's origin case in small: LTX's encoder is causal, so when one pass does not fit the
+    planner keeps the frame whole and cuts the clip in time (a chunk costs no recomputation), the
+    longest chunk that fits; below one latent frame's need it tiles too, each tile streamed. Every
+    plan fits its budget; the streamed one gives the latents and the posterior of one pass (exact tiles
+    streamed in time: test_exact.py, test_posterior.py)."""
+    v = loaded["ltx"]
+    r, s = v.caps.temporal_ratio, v.caps.spatial_ratio
+    x = torch.rand(1, 3, 1 + 2 * r, 16 * s, 16 * s)          # large enough for 4-pixel tiles to save memory
+    need = {n: _need(v, x.shape, tile_frames=n * r) for n in (1, 2)}     # untiled, n latent frames a chunk
+    whole, tiled = _need(v, x.shape), _need(v, x.shape, tile=4 * s, tile_frames=r)
+    assert tiled < need[1] < whole          # (2 latent frames a chunk are the whole clip but its first frame)
+    one = v.encode(x), v.encode(x, posterior=True)
+    for b in ((need[1] + whole) // 2, (tiled + need[1]) // 2):
+        p = budget.plan(v, v.call_for("encode", x.shape, mode="exact"), b, CPU, CPU, CPU)
+        fits = [n for n, m in need.items() if m <= b]
+        assert p.on_device() <= b and p.route.chunk == (max(fits) if fits else 1), b
+        assert (p.route.cores is not None) == (not fits) and "latent frame" in p.describe()
+        if not fits:
+            continue
+        assert (v.encode(x, mode="exact", budget=b) - one[0]).abs().max() <= 1e-4
+        for got, want in zip(v.encode(x, mode="exact", budget=b, posterior=True), one[1]):
+            assert (got - want).abs().max() <= 1e-4
+
+
+def test_an_encode_that_fits_no_budget_names_the_frames_and_the_smallest_budget(loaded):
+    """The refusal of an encode speaks of what to encode (not of a latent to decode), names a budget
+    that the smallest plan fits, and says when the encoder cannot run in time chunks and why (from
+    its capabilities: HunyuanVideo 1.0 and CogVideoX normalise over the whole clip)."""
+    ltx, hv = loaded["ltx"], loaded["hunyuan_video"]
+    x = torch.rand(1, 3, 17, 64, 64)
+    with pytest.raises(InputError, match=r"budget.*this encode.*at least ([0-9.]+) GB.*shorter clip or smaller "
+                                         r"frames \(fewer pixel frames or pixels\)") as e:
+        ltx.encode(x, mode="exact", budget=4096)
+    assert "decode" not in str(e.value) and "latent frame a chunk" in str(e.value)
+    smallest = float(str(e.value).split("at least ")[1].split(" GB")[0])
+    assert ltx.encode(x, mode="exact", budget=float(smallest)).shape == ltx.encode(x).shape
+    for v in (hv, loaded["cogvideox"]):      # CogVideoX: one pass over the clip, GroupNorm over all its frames
+        assert not budget.streams(v, v.call_for("encode", (1, 3, 9, 32, 32), mode="exact"))
+        with pytest.raises(InputError, match="normalises over the whole clip.*whole clip in every tile"):
+            v.encode(torch.rand(1, 3, 9, 32, 32), mode="exact", budget=1000)
+
+
 def test_a_planned_call_logs_its_plan_and_gives_the_exact_result(loaded, caplog):
     v = loaded["wan"]
     z = torch.randn(1, 16, 5, 24, 24)

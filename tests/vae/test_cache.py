@@ -113,7 +113,7 @@ def test_the_posterior_is_diffusers_and_the_exact_mean_is_one_pass(tmp_path, dat
     stored = load_file(str(tmp_path / "out" / "c_00000-005.safetensors"))
     rec = _manifest(tmp_path / "out")["c_00000-005.safetensors"]
     assert rec["settings"]["bucket"] == [32, 32] and rec["settings"]["frames"] == [0, 1, 2, 3, 4]
-    assert rec["plan"].startswith("exact") and (rec["logvar_note"] == "exact" or "fallback" in rec["logvar_note"])
+    assert rec["plan"].startswith("exact") and rec["logvar_note"] == "exact"
     crop = clips.crop_for((80, 80), clips.Bucket(32, 32))
     (_, x), = list(media.read_clips(folder / "c.mp4", [clips.ClipPlan(0, 5, tuple(range(5)))], crop))
     mean, logvar = cache_data.diffusers_wan_posterior(x.unsqueeze(0))

@@ -202,7 +202,7 @@ def capabilities(cfg: CogVideoXConfig) -> Capabilities:
         # a decode batch's GroupNorm sees all its frames, so frames of a batch depend on each other: not
         # causal, but streamed in the reference's own batches; encode is one pass over the clip
         causal_encoder=False, causal_decoder=False, stream_decode=True, stream_chunk=BATCH, stream_batches=True,
-        first_frame_odd_only=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
+        first_frame_odd_only=True, posterior=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
         default_tile=256, default_overlap=64, default_tile_frames=16, default_overlap_frames=4,
         working_dtypes=(torch.bfloat16, torch.float16, torch.float32))
 

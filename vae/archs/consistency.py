@@ -255,7 +255,7 @@ def capabilities(cfg: ConsistencyConfig) -> Capabilities:
     return Capabilities(
         latent_channels=cfg.latent_channels, spatial_ratio=cfg.upscale, image_channels=IMAGE_CHANNELS,
         has_attention=bool(cfg.encoder and cfg.encoder.mid_attention), norm="groupnorm",
-        can_encode=cfg.encoder is not None, decode_options=("seed",))
+        posterior=True, can_encode=cfg.encoder is not None, decode_options=("seed",))
 
 
 def describe(cfg: ConsistencyConfig) -> str:

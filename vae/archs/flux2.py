@@ -26,6 +26,7 @@ from torch import nn
 
 from ..errors import LoadError
 from ..files.keymap import rename
+from ..nn import posterior as gaussian
 from ..spec import ArchSpec, Capabilities
 from . import kl
 
@@ -62,7 +63,11 @@ class Flux2VAE(kl.AutoencoderKL):
         mean, std = self._affine(z)
         return torch.addcmul(mean, z.float(), std).to(z.dtype)
 
-    def finish_encode(self, z: torch.Tensor) -> torch.Tensor:
+    def finish_encode(self, z: torch.Tensor, posterior: bool = False) -> torch.Tensor:
+        """The assembled latent normalised; ``posterior``: [mean; log-variance] (vae/nn/posterior.py)."""
+        if posterior:
+            mean, std = self._affine(gaussian.split(z)[0])
+            return gaussian.normalised(z, lambda m: (m.float() - mean).div_(std).to(m.dtype), 1 / std)
         mean, std = self._affine(z)
         return (z.float() - mean).div_(std).to(z.dtype)
 

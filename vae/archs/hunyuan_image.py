@@ -68,10 +68,10 @@ class HunyuanImageVAE(ldm.Autoencoder):
         super().__init__(*halves(cfg, _ops(cfg.dims), first_frame=False))
         self.config = cfg
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
         if self.config.dims == 2:
-            return super().encode(x)
-        return super().encode(x.unsqueeze(2).expand(-1, -1, self.config.frames, -1, -1))[:, :, 0]
+            return super().encode(x, posterior)
+        return super().encode(x.unsqueeze(2).expand(-1, -1, self.config.frames, -1, -1), posterior)[:, :, 0]
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         if self.config.dims == 2:
@@ -83,7 +83,7 @@ def capabilities(cfg: HunyuanImageConfig) -> Capabilities:
     return Capabilities(
         latent_channels=cfg.latent_channels, spatial_ratio=cfg.ratios[0], image_channels=cfg.out_channels,
         has_attention=True, norm="groupnorm", latent_frame_axis=cfg.dims == 3,
-        can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
+        posterior=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
         default_tile=1024 if cfg.dims == 2 else 512, default_overlap=64,
         working_dtypes=(torch.float16, torch.bfloat16, torch.float32))     # core's order for both
 

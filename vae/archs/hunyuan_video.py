@@ -223,7 +223,8 @@ def capabilities(cfg: HunyuanVideoConfig) -> Capabilities:
     return Capabilities(
         latent_channels=cfg.latent_channels, spatial_ratio=spatial, temporal_ratio=temporal,
         image_channels=cfg.out_channels, has_attention=cfg.mid_attention, norm="groupnorm_clip",
-        causal_encoder=False, causal_decoder=False, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
+        causal_encoder=False, causal_decoder=False, posterior=True, can_encode=cfg.has_encoder,
+        can_decode=cfg.has_decoder,
         default_tile=256, default_overlap=64, default_tile_frames=16, default_overlap_frames=4,
         working_dtypes=(torch.bfloat16, torch.float16, torch.float32))
 

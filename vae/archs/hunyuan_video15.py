@@ -106,11 +106,11 @@ class HunyuanVideo15VAE(ldm.Autoencoder):
         self.config = cfg
         self.temporal_ratio = cfg.ratios[1]
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
         t, r = x.shape[2], self.temporal_ratio
         if (t - 1) % r and not streaming():      # a stream's later chunks are r*k frames
             raise InputError(f"HunyuanVideo 1.5 encodes 1 + {r}*k frames, got {t}.", input="pixels")
-        return super().encode(x)
+        return super().encode(x, posterior)
 
 
 def capabilities(cfg: HunyuanVideo15Config) -> Capabilities:
@@ -119,7 +119,7 @@ def capabilities(cfg: HunyuanVideo15Config) -> Capabilities:
         latent_channels=cfg.latent_channels, spatial_ratio=spatial, temporal_ratio=temporal,
         image_channels=cfg.out_channels, has_attention=True, norm="rms",
         causal_encoder=True, causal_decoder=True, stream_encode=True, stream_decode=True,
-        stream_chunk=2, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
+        stream_chunk=2, posterior=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
         default_tile=512, default_overlap=64, default_tile_frames=32, default_overlap_frames=8,
         working_dtypes=(torch.float16, torch.bfloat16, torch.float32))
 

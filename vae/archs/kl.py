@@ -164,7 +164,7 @@ def capabilities(cfg: KLConfig) -> Capabilities:
         spatial_ratio=2 ** (len(cfg.ch_mult) - 1),
         image_channels=cfg.out_channels,
         has_attention=cfg.mid_attention, norm="groupnorm",
-        can_encode=cfg.has_encoder, can_decode=cfg.has_decoder)
+        posterior=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder)
 
 
 def describe(cfg: KLConfig) -> str:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..files.keymap import count_indices, linear_to_conv1x1, rename
+from ..nn import posterior as gaussian
 from ..nn.resnet import ConvFactory, MidBlock, NormFactory, ResnetBlock
 
 # (level index, channels) -> the level's resampler, or None for a level without one. A resampler
@@ -143,11 +144,12 @@ class Autoencoder(nn.Module):
             if m is not None:
                 self.add_module(name, m)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
+        """The posterior's mean; ``posterior``: [mean; log-variance] (vae/nn/posterior.py)."""
         h = self.encoder(x)
         if hasattr(self, "quant_conv"):
             h = self.quant_conv(h)
-        return h[:, : h.shape[1] // 2]
+        return gaussian.from_moments(h) if posterior else h[:, : h.shape[1] // 2]
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "post_quant_conv"):

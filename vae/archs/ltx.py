@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn import posterior as gaussian
 from ..nn.noise import region_randn
 from ..nn.causal import CausalConv3d, depth_to_space, space_to_depth
 from ..nn.norm import ChannelLayerNorm, ChannelRMSNorm
@@ -289,6 +290,20 @@ class Statistics(nn.Module):
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
         return (z - self._get("mean-of-means", z)) / self._get("std-of-means", z)
 
+    def latent(self, moments: torch.Tensor, cfg: LTXConfig, posterior: bool = False) -> torch.Tensor:
+        """The encoder's output (``cfg.encoder_out`` channels) -> the normalised mean, or with
+        ``posterior`` [mean; log-variance] (vae/nn/posterior.py) in the normalised latent's terms: the
+        log-variance channel repeated for every latent channel ("uniform"), -30 ("constant": the
+        original's stand-in for log 0), or one a channel ("per_channel")."""
+        c = cfg.latent_channels
+        mean = moments[:, :c]
+        if not posterior:
+            return self.normalize(mean)
+        rest = moments[:, c:]
+        logvar = {"uniform": lambda: rest[:, :1].expand_as(mean), "per_channel": lambda: rest,
+                  "constant": lambda: torch.full_like(mean, gaussian.LOGVAR_RANGE[0])}[cfg.log_var]()
+        return gaussian.normalised(gaussian.gaussian(mean, logvar), self.normalize, 1 / self._get("std-of-means", mean))
+
     def unnormalize(self, z: torch.Tensor) -> torch.Tensor:
         return z * self._get("std-of-means", z) + self._get("mean-of-means", z)
 
@@ -306,9 +321,8 @@ class LTXVideoVAE(nn.Module):
             self.decoder = Decoder(cfg)
         self.per_channel_statistics = Statistics(cfg.latent_channels)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        mean = self.encoder(x)[:, : self.config.latent_channels]     # the rest: log-variance
-        return self.per_channel_statistics.normalize(mean)
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
+        return self.per_channel_statistics.latent(self.encoder(x), self.config, posterior)
 
     def prepare_decode(self, z: torch.Tensor, timestep: float = DEFAULT_TIMESTEP,
                        noise_scale: float = DEFAULT_NOISE_SCALE, seed: int = 0) -> torch.Tensor:
@@ -352,7 +366,7 @@ def capabilities(cfg: LTXConfig) -> Capabilities:
         # injected noise (0.9.1) would be drawn per chunk
         causal_encoder=True, causal_decoder=cfg.causal_decoder, stream_encode=True,
         stream_decode=cfg.causal_decoder and not cfg.injects_noise,
-        can_encode=bool(cfg.encoder), can_decode=bool(cfg.decoder),
+        posterior=True, can_encode=bool(cfg.encoder), can_decode=bool(cfg.decoder),
         default_tile=512, default_overlap=64, default_tile_frames=64, default_overlap_frames=16,
         decode_options=("timestep", "noise_scale", "seed") if cfg.timestep_conditioning else (),
         working_dtypes=(torch.bfloat16, torch.float32))

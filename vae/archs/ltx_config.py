@@ -47,6 +47,9 @@ class LTXConfig:
     patch_size: int = 4
     encoder: tuple[Block, ...] = ()     # empty: the file has no encoder
     encoder_out: int = 129              # latents + one log-variance shared by all channels
+    # the encoder's ``latent_log_var`` (the original's name): "uniform" (one log-variance channel for all
+    # latent channels), "constant" (that channel dropped: log-variance -30, LTX-2.5), "per_channel"
+    log_var: str = "uniform"
     decoder: tuple[Block, ...] = ()     # empty: no decoder
     timestep_conditioning: bool = False
     causal_decoder: bool = False        # as published; only an LTX-2 file's metadata can say otherwise
@@ -203,13 +206,30 @@ def from_metadata(vae_cfg: dict, keys: tuple[str, ...], default, origin: str, ch
     return default, origin
 
 
-def encoder_config(sd, spatial_pad: str = "zeros") -> LTXConfig:
+LOG_VARS = ("uniform", "constant", "per_channel")
+
+
+def log_var_mode(latent: int, encoder_out: int, named: str) -> str:
+    """The encoder's log-variance mode: ``per_channel`` where it gives two values a channel, else the
+    one ``named`` (a file's metadata or the family's published value), which the weights cannot tell."""
+    if encoder_out == 2 * latent:
+        return "per_channel"
+    if named not in LOG_VARS[:2] or encoder_out != latent + 1:
+        raise LoadError(f"LTX VAE: the encoder gives {encoder_out} channels for {latent} latent channels with "
+                        f"log-variance mode {named!r}; expected {latent + 1} (uniform, constant) or {2 * latent}.",
+                        fix="please report the file; its posterior cannot be read as its config says.")
+    return named
+
+
+def encoder_config(sd, spatial_pad: str = "zeros", log_var: str = "uniform") -> LTXConfig:
     """The encoder alone, from a file's canonical ``encoder.*`` keys: for a family that keeps an LTX-2
-    encoder beside a decoder of its own (LTX-2.5's diffusion decoder), ``spatial_pad`` from its config."""
+    encoder beside a decoder of its own (LTX-2.5's diffusion decoder), ``spatial_pad`` and ``log_var``
+    (``latent_log_var``) from its config."""
     encoder = _encoder(sd)
     latent = sd[STD].shape[0] if STD in sd else sd["encoder.conv_out.weight"].shape[0] - 1
+    out = sd["encoder.conv_out.weight"].shape[0]
     cfg = LTXConfig(latent_channels=latent, patch_size=math.isqrt(sd["encoder.conv_in.weight"].shape[1] // 3),
-                    encoder=encoder, encoder_out=sd["encoder.conv_out.weight"].shape[0],
+                    encoder=encoder, encoder_out=out, log_var=log_var_mode(latent, out, log_var),
                     encoder_spatial_pad=spatial_pad, version=_version(encoder, (), False, True))
     _check(cfg)
     return cfg
@@ -271,11 +291,13 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None,
         sources += [("residual up-samplers", shown, origin),
                     ("causal decoder", str(bool(causal)), causal_origin),
                     ("decoder padding", dec_pad, dec_origin)]
+    encoder_out = sd["encoder.conv_out.weight"].shape[0] if has_enc else latent + 1
+    log_var, log_var_origin = from_metadata(vae_cfg, ("latent_log_var",), "uniform", published, check=LOG_VARS)
+    log_var = log_var_mode(latent, encoder_out, log_var)
     if has_enc:
-        sources.append(("encoder padding", enc_pad, enc_origin))
+        sources += [("encoder padding", enc_pad, enc_origin), ("encoder log-variance", log_var, log_var_origin)]
     cfg = LTXConfig(
-        latent_channels=latent, patch_size=patch, encoder=encoder,
-        encoder_out=sd["encoder.conv_out.weight"].shape[0] if has_enc else latent + 1,
+        latent_channels=latent, patch_size=patch, encoder=encoder, encoder_out=encoder_out, log_var=log_var,
         decoder=decoder, timestep_conditioning=timestep, causal_decoder=bool(causal),
         decoder_spatial_pad=dec_pad, encoder_spatial_pad=enc_pad, version=version, sources=tuple(sources))
     _check(cfg)

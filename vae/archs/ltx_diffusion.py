@@ -403,9 +403,8 @@ class LTXDiffusionVAE(nn.Module):
         self.decoder = DiffusionDecoder(cfg)
         self.per_channel_statistics = ltx.Statistics(cfg.latent_channels)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        mean = self.encoder(x)[:, : self.config.latent_channels]
-        return self.per_channel_statistics.normalize(mean)
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
+        return self.per_channel_statistics.latent(self.encoder(x), self.config.encoder, posterior)
 
     def decode(self, z: torch.Tensor, seed: int = 0) -> torch.Tensor:
         gen = torch.Generator().manual_seed(int(seed) % 2 ** 64)
@@ -468,7 +467,7 @@ def config_from_state_dict(sd, name_hint: Optional[str] = None,
         if pad not in ltx_config.PADS:
             raise LoadError(f"LTX-2.5 VAE: the file's metadata says the encoder pads with {pad!r}.",
                             fix="please report the file.")
-        encoder = ltx_config.encoder_config(sd, pad)
+        encoder = ltx_config.encoder_config(sd, pad, enc.get("latent_log_var", "constant"))
     cfg = DiffusionConfig(
         encoder=encoder, latent_channels=sd["decoder.conv_in.weight"].shape[1], stages=tuple(stages), width=width,
         depth=count_indices(keys, "decoder.diff_blocks"), hidden=sd["decoder.diff_blocks.0.mlp.w_up.weight"].shape[0],
@@ -526,7 +525,7 @@ def capabilities(cfg: DiffusionConfig) -> Capabilities:
         latent_channels=cfg.latent_channels, spatial_ratio=cfg.spatial_ratio, temporal_ratio=cfg.temporal_ratio,
         image_channels=cfg.out_channels, has_attention=True, norm="rms",
         causal_encoder=True, stream_encode=cfg.encoder is not None, causal_decoder=False, stream_decode=False,
-        can_encode=cfg.encoder is not None, can_decode=True,
+        posterior=True, can_encode=cfg.encoder is not None, can_decode=True,
         default_tile=512, default_overlap=64, default_tile_frames=64, default_overlap_frames=16,
         decode_options=("seed",), working_dtypes=(torch.bfloat16, torch.float32))
 

@@ -34,6 +34,7 @@ from torch import nn
 
 from ..errors import LoadError
 from ..files.keymap import count_indices
+from ..nn import posterior as gaussian
 from ..nn.attention import SpatialSelfAttention
 from ..nn.norm import ChannelLayerNorm, ChannelMean, GroupNorm
 from ..nn.resnet import ResnetBlock, conv2d_3x3
@@ -208,7 +209,8 @@ class CoDDecoder(nn.Module):
 
 
 class DConvEncoder(nn.Module):
-    """Image in [-1, 1] -> posterior mean (the first ``latent`` output channels)."""
+    """Image in [-1, 1] -> the posterior's moments (mean: the first ``latent`` output channels, then the
+    log-variance)."""
 
     def __init__(self, cfg: EncoderConfig, latent: int):
         super().__init__()
@@ -234,7 +236,7 @@ class DConvEncoder(nn.Module):
         c = t0_embedding(self.t_embedder, s)
         for block in self.blocks:
             s = block(s, c)
-        return self.proj_out(self.norm_out(s))[:, :self.latent]
+        return self.proj_out(self.norm_out(s))
 
 
 class NerfEmbedder(nn.Module):
@@ -387,8 +389,9 @@ class MageVAE(nn.Module):
         if cfg.decoder is not None:
             self.decoder_model = DConvDenoiser(cfg.decoder, cfg.latent_channels)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dconv_encoder(x)
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
+        moments, c = self.dconv_encoder(x), self.config.latent_channels
+        return gaussian.from_moments(moments[:, :2 * c]) if posterior else moments[:, :c]
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         return self.decoder_model(z)
@@ -450,6 +453,7 @@ def capabilities(cfg: MageConfig) -> Capabilities:
         latent_channels=cfg.latent_channels, spatial_ratio=cfg.patch, image_channels=cfg.image_channels,
         has_attention=cfg.decoder is not None and "attention" in cfg.decoder.cod, norm="groupnorm",
         can_encode=cfg.encoder is not None, can_decode=cfg.decoder is not None,
+        posterior=cfg.encoder is not None and cfg.encoder.out_channels >= 2 * cfg.latent_channels,
         default_tile=1024, default_overlap=64, working_dtypes=(torch.bfloat16, torch.float32))
 
 

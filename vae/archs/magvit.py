@@ -198,11 +198,11 @@ class AutoencoderKLMagvit(ldm.Autoencoder):
         self.config = cfg
         self.temporal_ratio = 2 ** (len(cfg.widths) - 2)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
         t, r = x.shape[2], self.temporal_ratio
         if (t - 1) % r and not streaming():   # a stream's later chunks are r*k frames
             raise InputError(f"Magvit encodes 1 + {r}*k frames, got {t}.", input="pixels")
-        return super().encode(x)
+        return super().encode(x, posterior)
 
 
 # ---- key layouts -------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ def capabilities(cfg: MagvitConfig) -> Capabilities:
         latent_channels=cfg.latent_channels, spatial_ratio=2 ** (n - 1), temporal_ratio=2 ** (n - 2),
         image_channels=cfg.out_channels, has_attention=cfg.mid_attention, norm="groupnorm_frame",
         causal_encoder=True, causal_decoder=True, stream_encode=True, stream_decode=True,
-        can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
+        posterior=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
         default_tile=512, default_overlap=64, default_tile_frames=64, default_overlap_frames=8,
         working_dtypes=(torch.bfloat16, torch.float32))
 

@@ -38,6 +38,7 @@ from torch import nn
 
 from ..engine.defined import Chunk, Plan, spatial_tiles
 from ..errors import InputError
+from ..nn import posterior as gaussian
 from ..nn.causal import CausalConv3d
 from ..nn.norm import FrameGroupNorm
 from ..nn.quant import Int8Linear
@@ -247,11 +248,12 @@ class MiniMaxH3VAE(ldm.Autoencoder):
         view = lambda v: v.view(1, -1, 1, 1, 1).to(like)
         return view(self.latents_mean), view(self.latents_std)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
         mean, std = self._pixels(x)
-        moments = super().encode(((x - mean.to(x.dtype)) / std.to(x.dtype))).float()
-        lm, ls = self._latent_stats(moments)
-        return (moments - lm) / ls
+        z = super().encode(((x - mean.to(x.dtype)) / std.to(x.dtype)), posterior).float()
+        lm, ls = self._latent_stats(z)
+        normalise = lambda m: (m - lm) / ls     # noqa: E731
+        return gaussian.normalised(z, normalise, 1 / ls) if posterior else normalise(z)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         lm, ls = self._latent_stats(z)
@@ -360,7 +362,7 @@ def capabilities(cfg: MiniMaxConfig) -> Capabilities:
     return Capabilities(
         latent_channels=cfg.latent_channels, spatial_ratio=cfg.spatial_ratio, temporal_ratio=RT,
         value_range=(0.0, 1.0), has_attention=cfg.has_decoder, norm="groupnorm_frame",
-        can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
+        posterior=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
         default_tile=cfg.tile, default_overlap=cfg.min_overlap, default_tile_frames=CLIP + CHUNK,
         default_overlap_frames=FADE, decode_options=("tiling",),
         working_dtypes=(torch.float16, torch.float32),

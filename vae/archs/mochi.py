@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
+from ..nn import posterior as gaussian
 from ..nn.causal import CausalConv3d, depth_to_space
 from ..nn.norm import FrameGroupNorm
 from ..nn.resnet import ResnetBlock
@@ -176,7 +177,7 @@ class MochiVAE(nn.Module):
         if cfg.has_decoder:
             self.decoder = Decoder(cfg)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
         r, s = math.prod(self.config.temporal), math.prod(self.config.spatial)
         t, h, w = x.shape[2:]
         if ((t - 1) % r and not streaming()) or h % s or w % s:
@@ -184,7 +185,8 @@ class MochiVAE(nn.Module):
                 f"Mochi encodes clips of 1 + {r}k frames with sides divisible by {s}; got {t} frames of {w}x{h}.",
                 input="pixels", fix=f"trim to {(t - 1) // r * r + 1} frames and crop to {w // s * s}x{h // s * s}.")
         # (mean, logvar) in channels: the mode is the mean
-        return self.encoder(x)[:, : self.config.latent_channels]
+        moments = self.encoder(x)
+        return gaussian.from_moments(moments) if posterior else moments[:, : self.config.latent_channels]
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         return self.decoder(z)
@@ -197,7 +199,7 @@ def capabilities(cfg: MochiConfig) -> Capabilities:
         has_attention=cfg.has_encoder and any(cfg.enc_attention), norm="groupnorm_frame",
         # causal convs (first-frame padding), per-frame norms, causal attention: latent i sees frames <= 6i
         causal_encoder=True, causal_decoder=True, stream_encode=True, stream_decode=True,
-        can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
+        posterior=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
         default_tile=256, default_overlap=64, default_tile_frames=48, default_overlap_frames=12,
         working_dtypes=(torch.bfloat16, torch.float32))
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
+from ..nn import posterior as gaussian
 from ..nn.attention import FrameSelfAttention
 from ..nn.causal import CausalConv3d
 from ..nn.norm import FrameGroupNorm
@@ -124,11 +125,14 @@ class SeedVR2VAE(ldm.Autoencoder):
         self.config = cfg
         self.temporal_ratio = 2 ** sum(cfg.temporal)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
         t, r = x.shape[2], self.temporal_ratio
         if (t - 1) % r and not streaming():      # a stream's later chunks are r*k frames
             raise InputError(f"SeedVR2's VAE encodes 1 + {r}*k frames, got {t}.", input="pixels")
-        return (super().encode(x) - SHIFT) * SCALE
+        normalise = lambda z: (z - SHIFT) * SCALE      # noqa: E731
+        if posterior:
+            return gaussian.normalised(super().encode(x, True), normalise, SCALE)
+        return normalise(super().encode(x))
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         return super().decode(z / SCALE + SHIFT)
@@ -139,7 +143,7 @@ def capabilities(cfg: SeedVR2Config) -> Capabilities:
         latent_channels=cfg.latent_channels, spatial_ratio=2 ** (len(cfg.widths) - 1),
         temporal_ratio=2 ** sum(cfg.temporal), image_channels=cfg.out_channels, has_attention=cfg.mid_attention,
         norm="groupnorm_frame", causal_encoder=True, causal_decoder=True, stream_encode=True,
-        stream_decode=True, stream_chunk=1, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
+        stream_decode=True, stream_chunk=1, posterior=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
         default_tile=512, default_overlap=64, default_tile_frames=64, default_overlap_frames=8,
         working_dtypes=(torch.float16, torch.bfloat16, torch.float32))
 

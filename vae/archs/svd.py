@@ -130,8 +130,8 @@ class SVDVAE(ldm.Autoencoder):
         super().__init__(encoder, _decoder(cfg) if cfg.has_decoder else None, quant_conv)
         self.config = cfg
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return unframes(super().encode(frames(x)), x.shape[0])
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
+        return unframes(super().encode(frames(x), posterior), x.shape[0])
 
 
 def config_from_state_dict(sd, name_hint=None) -> SVDConfig:
@@ -145,7 +145,7 @@ def capabilities(cfg: SVDConfig) -> Capabilities:
         latent_channels=cfg.embed_dim or cfg.z_channels, spatial_ratio=2 ** (len(cfg.ch_mult) - 1),
         temporal_ratio=1, image_channels=cfg.out_channels, has_attention=cfg.mid_attention,
         norm="groupnorm_clip", causal_encoder=True, stream_encode=True, frames_in_batch=True,
-        can_encode=cfg.has_encoder, can_decode=cfg.has_decoder)
+        posterior=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder)
 
 
 def describe(cfg: SVDConfig) -> str:

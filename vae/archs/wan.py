@@ -215,13 +215,13 @@ class WanVAE(ldm.Autoencoder):
         self.config = cfg
         self.temporal_ratio = 2 ** sum(cfg.temporal)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, posterior: bool = False) -> torch.Tensor:
         if self.config.image:
-            return super().encode(x)
+            return super().encode(x, posterior)
         t, r = x.shape[2], self.temporal_ratio
         if (t - 1) % r and not streaming():      # a stream's later chunks are r*k frames
             raise InputError(f"Wan encodes 1 + {r}*k frames, got {t}.", input="pixels")
-        return super().encode(patchify(x, self.config.patch))
+        return super().encode(patchify(x, self.config.patch), posterior)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         return unpatchify(super().decode(z), self.config.patch)
@@ -231,14 +231,14 @@ def capabilities(cfg: WanConfig) -> Capabilities:
     if cfg.image:       # an image VAE to users, as to core (latent_dim 2): no time axis, nothing to stream
         return Capabilities(
             latent_channels=cfg.latent_channels, spatial_ratio=2 ** (cfg.levels - 1) * cfg.patch,
-            image_channels=cfg.image_channels, has_attention=True, norm="rms", can_encode=cfg.has_encoder,
-            can_decode=cfg.has_decoder, default_tile=512, default_overlap=64,
+            image_channels=cfg.image_channels, has_attention=True, norm="rms", posterior=True,
+            can_encode=cfg.has_encoder, can_decode=cfg.has_decoder, default_tile=512, default_overlap=64,
             working_dtypes=(torch.bfloat16, torch.float16, torch.float32))
     return Capabilities(
         latent_channels=cfg.latent_channels, spatial_ratio=2 ** (cfg.levels - 1) * cfg.patch,
         temporal_ratio=2 ** sum(cfg.temporal), image_channels=cfg.image_channels, has_attention=True,
         norm="rms", causal_encoder=True, causal_decoder=True, stream_encode=True, stream_decode=True,
-        stream_chunk=1, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
+        stream_chunk=1, posterior=True, can_encode=cfg.has_encoder, can_decode=cfg.has_decoder,
         default_tile=512, default_overlap=64, default_tile_frames=64, default_overlap_frames=8,
         working_dtypes=(torch.bfloat16, torch.float32))
 

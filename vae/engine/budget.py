@@ -56,7 +56,8 @@ class Plan:
         c, r, p = self.call, self.route, self.prediction
         tiles = math.prod(len(x) for x in r.cores) if r.cores else math.prod(len(x.spans) for x in r.plans[-2:])
         size = "untiled" if tiles == 1 else f"{_tile_text(c.tile)} tiles ({tiles})"
-        how = {"exact": "exact", "streamed": "fast, streamed", "tiled": "fast" if tiles > 1 else "one pass"}[r.engine]
+        blended = "fast" if tiles > 1 or c.mode == "fast" else "exact"      # one tile: nothing is blended
+        how = {"exact": "exact", "streamed": f"{blended}, streamed", "tiled": "fast" if tiles > 1 else "one pass"}[r.engine]
         parts = [how, size]
         if r.chunk:
             parts.append(f"{r.chunk} latent frame{'s' if r.chunk > 1 else ''} a chunk")
@@ -87,7 +88,7 @@ def _output_bytes(handle, call) -> int:
         frames = handle.frames_for(call.grid[0]) if handle.is_video else 1
         px = math.prod(n * caps.spatial_ratio for n in call.grid[-2:])
         return call.shape[0] * caps.image_channels * frames * px * 4
-    return call.shape[0] * caps.latent_channels * math.prod(call.grid) * 4
+    return call.shape[0] * caps.latent_channels * (2 if call.posterior else 1) * math.prod(call.grid) * 4
 
 
 def _subgrid(cores, x: torch.Tensor, in_unit: int, most: int):
@@ -108,7 +109,7 @@ def predict(handle, call, device: torch.device, offload: torch.device) -> Predic
 def _predict(handle, call, device: torch.device, offload: torch.device) -> Prediction:
     route = handle.route(call)
     model = memory.meta_model(handle.model)
-    fn = handle.decode_fn() if call.decode else handle.encode_fn()
+    fn = handle.decode_fn() if call.decode else handle.encode_fn(call.posterior)
     x = torch.empty(call.shape, device="meta")
     output = _output_bytes(handle, call)
     if route.engine == "exact":
@@ -142,16 +143,16 @@ def _predict(handle, call, device: torch.device, offload: torch.device) -> Predi
     px = 1 if call.decode else handle.caps.spatial_ratio
     unit = [max(b - a for a, b in p.spans) * px for p in plans[-2:]]
     lead = list(call.shape[:2])
+    lengths = 1
     if handle.is_video:
-        if route.chunk:
-            ins = route.chunks[0]
-            frames = max(b - a for a, b in ins[1:]) if len(ins) > 1 else ins[0][1] - ins[0][0]
+        if route.chunk:         # the stream's first chunks as they run (an encode's first frame alone)
+            lengths = tuple(b - a for a, b in route.chunks[0][:3])
+            frames = max(lengths)
         else:
             span = max(b - a for a, b in plans[0].spans)
             frames = span if call.decode else 1 + handle.caps.temporal_ratio * (span - 1)
         unit.insert(0, frames)
-    m = memory.unit_bytes(handle.model, "decode" if call.decode else "encode", (*lead, *unit), handle.dtype,
-                          2 if route.chunk else 1)
+    m = memory.unit_bytes(handle.model, "decode" if call.decode else "encode", (*lead, *unit), handle.dtype, lengths)
     return Prediction(memory.working(m, device), 0, output, m.device)
 
 
@@ -172,47 +173,86 @@ def _candidates(handle, call, max_tile) -> list:
     return sizes
 
 
-def _chunks(handle, call) -> list:
-    """Temporal tiles to try (pixel frames), largest first: the call's (or the model's own chunk),
-    then fewer latent frames a chunk, for models that stream."""
+def streams(handle, call) -> bool:
+    """Whether ``call``'s direction runs chunk by chunk in time through the model's causal caches."""
     caps = handle.caps
-    if not handle.is_video or not (caps.stream_decode if call.decode else caps.stream_encode):
+    return handle.is_video and (caps.stream_decode if call.decode else caps.stream_encode)
+
+
+def _chunks(handle, call) -> list:
+    """Temporal tiles to try (pixel frames; None: the whole clip at once), largest first. A model that
+    streams this direction: the call's chunk (or the model's own) and every smaller one down to one
+    latent frame; with neither, the whole clip first. Others: the call's temporal tile alone (a clip
+    that cannot stream is never cut in time by exact mode: ``cannot_stream`` says why)."""
+    if not streams(handle, call):
         return [call.tile_frames]
-    r = caps.temporal_ratio
-    first = handle.temporal_tile(call.tile_frames) or (caps.stream_chunk * r if caps.stream_chunk else None)
-    if first is None:
-        return [call.tile_frames]
-    latent = max(1, first // r)
-    return [n * r for n in range(latent, 0, -1)]
+    r = handle.caps.temporal_ratio
+    first = handle.temporal_tile(call.tile_frames) or (handle.caps.stream_chunk * r or None)
+    latent = max(1, first // r) if first else call.grid[0] - 1     # encode: frame 0, then chunks of the rest
+    return ([] if first else [None]) + [n * r for n in range(latent, 0, -1)]
+
+
+def cannot_stream(handle, call) -> str:
+    """Why a video call's time axis is not streamed (from the capabilities), or ""."""
+    if not handle.is_video or streams(handle, call):
+        return ""
+    caps, part = handle.caps, "decoder" if call.decode else "encoder"
+    if caps.norm == "groupnorm_clip":
+        why = "normalises over the whole clip (GroupNorm statistics over all frames and pixels)"
+    elif not (caps.causal_decoder if call.decode else caps.causal_encoder):
+        why = "is not causal in time (a latent frame depends on later frames)"
+    else:
+        why = "does not declare streaming in time"
+    return f"{handle.name}'s {part} {why}, so exact mode runs the whole clip in every tile"
+
+
+def _first_fit(n: int, make) -> tuple[Optional[Plan], Optional[Plan]]:
+    """Bisect candidates 0..n-1 (largest first; predictions shrink along them) for the first whose plan
+    ``make(i)`` fits: (that plan or None, the smallest plan seen that did not fit). ``make`` returns None
+    for a candidate the input checks refuse (too many or too small tiles): a larger one is tried."""
+    lo, hi, fits, best = 0, n - 1, None, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        p = make(mid)
+        if p is None:
+            hi = mid - 1
+        elif p.on_device() <= p.budget:
+            fits, hi = p, mid - 1
+        else:
+            if best is None or p.on_device() < best.on_device():
+                best = p
+            lo = mid + 1
+    return fits, best
 
 
 def plan(handle, call, budget: int, device: torch.device, out_device: torch.device,
          offload: torch.device) -> Plan:
-    """The largest tile (at most the call's), then the largest chunk, whose prediction fits ``budget``
-    bytes on the compute device; an InputError naming the smallest budget that works if none does."""
-    best: Optional[Plan] = None
-    sizes = _candidates(handle, call, call.tile)
-    for frames in _chunks(handle, call):
-        lo, hi = 0, len(sizes) - 1          # predictions shrink with the tile: bisect the first that fits
-        fits: Optional[Plan] = None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            c = dataclasses.replace(call, tile=sizes[mid], tile_frames=frames)
-            try:
-                p = Plan(c, handle.route(c), predict(handle, c, device, offload), budget, device, offload, out_device)
-            except InputError:          # tiles the input checks refuse (too many, too small): go larger
-                hi = mid - 1
-                continue
-            if p.on_device() <= budget:
-                fits, hi = p, mid - 1
-            else:
-                if best is None or p.on_device() < best.on_device():
-                    best = p
-                lo = mid + 1
-        if fits is not None:
-            return fits
+    """The largest tile (at most the call's), then the largest chunk at that tile, whose prediction
+    fits ``budget`` bytes on the compute device; an InputError naming the smallest budget that works
+    if none does. Tiles first: a smaller tile recomputes its halo, while a shorter chunk of a model
+    that streams costs nothing but its caches (so an encode of a long clip shrinks its chunk first)."""
+    sizes, frames = _candidates(handle, call, call.tile), _chunks(handle, call)
+
+    def make(tile, chunk) -> Optional[Plan]:
+        c = dataclasses.replace(call, tile=tile, tile_frames=chunk)
+        try:
+            return Plan(c, handle.route(c), predict(handle, c, device, offload), budget, device, offload, out_device)
+        except InputError:          # tiles the input checks refuse (too many, too small)
+            return None
+
+    fits, best = _first_fit(len(sizes), lambda i: make(sizes[i], frames[-1]))
+    if fits is not None and len(frames) > 1:      # the largest chunk at that tile
+        tile = fits.call.tile
+        longer, _ = _first_fit(len(frames) - 1, lambda i: make(tile, frames[i]))
+        fits = longer or fits
+    if fits is not None:
+        return fits
     need = best.on_device() if best else 0
-    raise InputError(f"no tile or chunk fits a memory budget of {gib(budget)}: the smallest plan "
-                     f"({best.describe() if best else 'none'}) needs about {gib(need)}.", input="budget",
-                     fix=f"give a budget of at least {math.ceil(need / GIB * 10) / 10:.1f} GB, or decode a smaller "
-                         "latent (fewer pixels or frames).")
+    op = "decode" if call.decode else "encode"
+    why = cannot_stream(handle, call)
+    smaller = ("decode a smaller latent (fewer latent pixels or frames)" if call.decode else
+               "encode a shorter clip or smaller frames (fewer pixel frames or pixels)")
+    raise InputError(f"no tile or chunk fits a memory budget of {gib(budget)} for this {op}: the smallest plan "
+                     f"({best.describe() if best else 'none'}) needs about {gib(need)}"
+                     + (f"; {why}." if why else "."), input="budget",
+                     fix=f"give a budget of at least {math.ceil(need / GIB * 10) / 10:.1f} GB, or {smaller}.")

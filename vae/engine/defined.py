@@ -22,6 +22,7 @@ Nothing here knows a family: the spatial cover and its two compositions are gene
 chunks come from the family's plan."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -31,7 +32,6 @@ import torch
 
 from . import budget as planner
 from . import distributed, guard, memory
-from ..files import latents
 from ..errors import InputError
 from .tiling import AxisPlan, Progress
 
@@ -259,16 +259,20 @@ def decode(vae, z: torch.Tensor, options: dict, progress: Optional[Progress], ou
 
 
 def encode(vae, x: torch.Tensor, progress: Optional[Progress], out_device, budget: Optional[int] = None,
-           **given) -> torch.Tensor:
-    """``vae.encode`` for a family whose tiles are its definition (the clip checked by the handle)."""
+           posterior: bool = False, **given) -> torch.Tensor:
+    """``vae.encode`` for a family whose tiles are its definition (the clip checked by the handle): the
+    latent [B, C, ...] as the units give it (the handle packs it), or with ``posterior`` the mean and
+    log-variance stacked in channels, blended alike (the references blend the encoder's moments)."""
     plan = vae.caps.own_tiling.plan("encode", tuple(x.shape))
+    if posterior:
+        plan = dataclasses.replace(plan, out_channels=2 * plan.out_channels)
     note_ignored(vae, **given)
     out_device = torch.device(out_device or "cpu")
     check_budget(vae, plan, "encode", tuple(x.shape), budget, out_device)
-    with torch.inference_mode(), guard.Guard(vae, "encode", vae.encode_fn()) as g:
+    with torch.inference_mode(), guard.Guard(vae, "encode", vae.encode_fn(posterior)) as g:
         z = run(g.tiled(unit_grid(plan)), x, plan, out_device, progress)
         guard.require_finite(vae, z, "encode", x, {}, "pixels")
-        return latents.pack(z, vae.caps.latent_pack)
+        return z
 
 
 def memory_needed(vae, shape: Sequence[int], op: str, **options) -> Optional[int]:
@@ -301,7 +305,9 @@ def check_budget(vae, plan: Plan, op: str, shape: Sequence[int], budget: Optiona
         raise InputError(f"{what}, which does not fit a memory budget of {planner.gib(budget)}; its tiles are part "
                          "of the model and cannot be made smaller.", input="budget",
                          fix=f"give a budget of at least {math.ceil(total / planner.GIB * 10) / 10:.1f} GB, or "
-                             "decode a smaller latent (fewer pixels or frames) or keep the output off the device.")
+                             + ("decode a smaller latent (fewer latent pixels or frames)" if op == "decode" else
+                                "encode smaller frames (fewer pixels)")
+                             + " or keep the output off the device.")
     log.info("VAEKit %s: %s (budget %s).", op, what, planner.gib(budget))
 
 

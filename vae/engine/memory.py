@@ -23,7 +23,7 @@ import contextlib
 import contextvars
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 from torch import nn
@@ -307,19 +307,22 @@ def measure(call: Callable[[], object], inputs: tuple[torch.Tensor, ...] = (),
 _SEEN: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def unit_bytes(model: nn.Module, op: str, shape: tuple[int, ...], dtype: torch.dtype, chunks: int = 1) -> Measure:
+def unit_bytes(model: nn.Module, op: str, shape: tuple[int, ...], dtype: torch.dtype,
+               chunks: Union[int, tuple[int, ...]] = 1) -> Measure:
     """The meta measurement of ``getattr(model, op)`` on an input of ``shape`` (a stream of ``chunks``
-    such inputs, the later ones seeing the earlier ones' caches), remembered per model."""
+    such inputs, the later ones seeing the earlier ones' caches; or of chunks of these lengths along
+    time, e.g. an encode's first frame alone, then its chunks), remembered per model."""
     seen = _SEEN.setdefault(model, {})
     key = (op, tuple(shape), dtype, chunks)
     if key not in seen:
         meta = meta_model(model)
         x = torch.empty(shape, device="meta", dtype=dtype)
+        lengths = (shape[2],) * chunks if isinstance(chunks, int) else chunks
 
         def call():
-            with run.stream() if chunks > 1 else contextlib.nullcontext():
-                for _ in range(chunks):
-                    getattr(meta, op)(x)
+            with run.stream() if len(lengths) > 1 else contextlib.nullcontext():
+                for n in lengths:
+                    getattr(meta, op)(x[:, :, :n] if n != shape[2] else x)
         seen[key] = measure(call, (x,), meta)
     return seen[key]
 
