@@ -23,7 +23,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SAME = 1e-6          # the same computation, only sliced differently
 EXACT = 1e-4         # exact tiles / time chunks against one pass (fp32 sums in another order)
 PARITY = 1e-5        # against the reference on the same weights
-DETERMINISTIC = ("taehv", "taeh3")   # tiny autoencoders: one latent, no mean and log-variance
+DETERMINISTIC = ("taehv", "taeh3", "cosmos")   # one latent, no mean and log-variance: the tiny autoencoders;
+# Cosmos-1's continuous tokenizer (an identity posterior in diffusers)
 
 
 def _close(got, want, tol) -> None:
