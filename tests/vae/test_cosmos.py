@@ -135,13 +135,16 @@ def test_a_file_without_statistics_gets_the_published_ones(diffusers_sd, ours):
 
 # ---- frame rules and engines ---------------------------------------------------------------------
 
-def test_frame_rules_and_the_socket(ours, pack):
+def test_frame_rules_and_the_socket(ours, pack, caplog):
     """t latent frames decode to 1 + 8(t-1) frames; 1 + 8k frames encode to k + 1 latents (core's
-    floor((T + 7) / 8)); other counts are an error that says what to trim to."""
+    floor((T + 7) / 8)); other counts are encoded as core does (the first 1 + 8k frames) with a warning
+    that says which counts fit."""
     from vaekit.nodes.socket import VAEKitVAE
     assert [ours.frames_for(t) for t in (1, 2, 3, 16)] == [1, 9, 17, 121]
-    with pytest.raises(vae.InputError, match=r"1 \+ 8\*k frames.*use 9 frames \(drop the last 3\)"):
-        ours.encode(torch.rand(1, 3, 12, 16, 16))
+    x = torch.rand(1, 3, 12, 16, 16)
+    with caplog.at_level("WARNING"):
+        assert torch.equal(ours.encode(x), ours.encode(x[:, :, :9]))
+    assert "the clip has 12 frames" in caplog.text and "9 or 17 frames fit" in caplog.text
     sock = VAEKitVAE(ours)
     assert [sock.upscale_ratio[0](t) for t in (1, 2, 16)] == [1, 9, 121]
     assert [sock.downscale_ratio[0](t) for t in (1, 9, 121)] == [1, 2, 16]
