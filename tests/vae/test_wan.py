@@ -242,10 +242,13 @@ def test_pruned_widths_and_single_halves():
     assert enc22.caps.spatial_ratio == 16 and enc22.config.residual      # patches tell an encoder-only 2.2
 
 
-def test_frame_counts_are_checked():
+def test_frame_counts_are_checked(caplog):
+    """A clip off the 1 + 4k rule is encoded as core does (its first 1 + 4k frames), with a warning."""
     v = vae.from_state_dict(reference("2.1").state_dict())
-    with pytest.raises(vae.InputError, match="1 \\+ 4\\*k"):
-        v.encode(torch.rand(1, 3, 7, 16, 16))
+    x = torch.rand(1, 3, 7, 16, 16)
+    with caplog.at_level("WARNING"):
+        assert torch.equal(v.encode(x), v.encode(x[:, :, :5]))
+    assert "the clip has 7 frames" in caplog.text and "5 or 9 frames fit" in caplog.text
 
 
 # ---- detection ----------------------------------------------------------------------------------
