@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from harness import comfy_core
-from harness.workers import core_flags, measure_saved, ours_call, results, run, worker_flags
+from harness.workers import measure_saved, ours_call, parse_runs, results, run, run_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours_one_pass", "ours", "ours_exact", "ours_fast", "core", "core_tiled")
@@ -66,18 +66,13 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=6)
     p.add_argument("--height", type=int, default=192)
     p.add_argument("--width", type=int, default=192)
-    p.add_argument("--tile", type=int, default=96, help="our spatial tile, pixels")
-    p.add_argument("--runs", default=",".join(RUNS))
-    p.add_argument("--threads", type=int, default=2)
-    core_flags(p)
-    worker_flags(p, tmp=str)
-    a = p.parse_args()
-    if a.worker:
-        return worker(a)
+    run_flags(p, RUNS, 96, "our spatial tile, pixels")
+    a, runs = parse_runs(p, worker)
+    if a is None:
+        return
     import numpy as np
     from safetensors.torch import save_file
     from comfyui_checks.compare_core_svd import original_layout, published_model
-    runs = [r for r in a.runs.split(",") if a.comfyui or not r.startswith("core")]
     with tempfile.TemporaryDirectory(prefix="bench_svd_") as tmp:
         tmp = Path(tmp)
         save_file(original_layout(published_model().state_dict()), str(tmp / WEIGHTS))

@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 from harness import comfy_core
-from harness.workers import core_flags, measure_saved, results, run, worker_flags
+from harness.workers import measure_saved, parse_runs, results, run, run_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("taehv_one_pass", "taehv", "taehv_frame", "taehv_exact", "core_taehv", "wan", "hunyuan_video")
@@ -91,16 +91,11 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=5, help="latent frames (pixel frames 1 + 4(t-1))")
     p.add_argument("--height", type=int, default=256)
     p.add_argument("--width", type=int, default=320)
-    p.add_argument("--tile", type=int, default=128, help="our exact tile, pixels")
-    p.add_argument("--runs", default=",".join(RUNS))
-    p.add_argument("--threads", type=int, default=2)
-    core_flags(p)
-    worker_flags(p, tmp=str)
-    a = p.parse_args()
-    if a.worker:
-        return worker(a)
+    run_flags(p, RUNS, 128, "our exact tile, pixels")
+    a, runs = parse_runs(p, worker)
+    if a is None:
+        return
     import numpy as np
-    runs = [r for r in a.runs.split(",") if a.comfyui or not r.startswith("core")]
     with tempfile.TemporaryDirectory(prefix="bench_taehv_") as tmp:
         tmp = Path(tmp)
         write_weights(tmp, runs)

@@ -268,6 +268,17 @@ def assert_budget_plans_exact_tiles(v, z: torch.Tensor, gpu_latent: tuple, encod
         assert isinstance(need, int) and need > 0, op
 
 
+def assert_exact_tiles_both_ways(v, z: torch.Tensor, x: torch.Tensor, tile: int, overlap: int, parity: float,
+                                 visible: float) -> None:
+    """Tiles far narrower than the model's reach: exact tiles reproduce the untiled decode of ``z`` and
+    encode of ``x`` within ``parity``; fast (blended) tiles change each by more than ``visible``, so the
+    case is not trivially seamless."""
+    for call, inp in ((v.decode, z), (v.encode, x)):
+        untiled = call(inp)
+        assert (call(inp, tile=tile, overlap=overlap) - untiled).abs().max() > visible
+        assert (call(inp, tile=tile, mode="exact") - untiled).abs().max() <= parity
+
+
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer of ``model`` by name."""
     return {**dict(model.named_parameters()), **dict(model.named_buffers())}
@@ -342,6 +353,18 @@ def spy_tensor_reads(monkeypatch) -> list:
 
     monkeypatch.setattr(loading, "safe_open", Spy)
     return read
+
+
+def run_core_check(script: str) -> None:
+    """``bench/comfyui_checks/<script> --quick --check`` against ComfyUI core (COMFYUI_DIR / COMFYUI_PYTHON: the
+    caller skips without them); its table printed, asserting it exits 0 (every expected match held)."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "comfyui_checks" / script),
+                           "--comfyui", os.environ["COMFYUI_DIR"], "--python", os.environ["COMFYUI_PYTHON"],
+                           "--quick", "--check"], capture_output=True, text=True, timeout=1800)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def core_parity_rows(script: str, tmp_path) -> list[dict]:

@@ -25,7 +25,6 @@ decode, raw latents for encode), per case:
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -49,70 +48,32 @@ QUICK = ("decode_t1", "decode_t3", "encode_T1", "encode_T5", "encode_T9")
 def published(seed: int = SEED):
     """diffusers' model at the published config, random weights, norms jittered."""
     import diffusers
-    torch.manual_seed(seed)
-    model = diffusers.AutoencoderKLCogVideoX().eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return model
+    return comfy_core.diffusers_jittered(diffusers.AutoencoderKLCogVideoX, seed)
 
 
 def worker(a) -> None:
     """Core's side: every case through comfy.sd.VAE, and core's model in the original's grouping."""
-    torch.set_num_threads(a.threads)
-    sd, inputs = comfy_core.worker_files(a.worker)
-    v = comfy_core.vae(a.comfyui, sd)
-    m = v.first_stage_model
-    keys = set(m.state_dict())
-    out = {}
-    with torch.inference_mode():
-        for k, x in inputs.items():
-            if k.startswith("decode"):
-                out[k] = v.decode(x).movedim(-1, 1)                  # [B, T, H, W, 3] -> [B, 3, T, H, W]
-                out[k + "_original"] = ((m._decode_batched(x) + 1) / 2).clamp(0, 1)
-            else:
-                out[k] = v.encode(x[0].movedim(0, -1))               # an IMAGE batch [T, H, W, 3]
-                out[k + "_original"] = m.encoder(x * 2 - 1)[0].chunk(2, dim=1)[0]
-    comfy_core.save_worker(a.worker, out, {"model": type(m).__name__, "missing": sorted(keys - set(sd)),
-                                           "unexpected": sorted(set(sd) - keys)})
+    comfy_core.video_worker(a, "_original", lambda m, x: ((m._decode_batched(x) + 1) / 2).clamp(0, 1),
+                            lambda m, x: m.encoder(x * 2 - 1)[0].chunk(2, dim=1)[0])
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    comfy_core.comparison_flags(p)
-    p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
-    p.add_argument("--check", action="store_true", help=f"exit 1 unless the expected matches hold within {TOL}")
-    a = p.parse_args()
-    if a.worker:
-        return worker(a)
-    a.comfyui, a.python = str(Path(a.comfyui).resolve()), a.python or sys.executable
-    torch.set_num_threads(a.threads)
+    a, cases = comfy_core.parse_video_comparison(__doc__, CASES, QUICK, f"exit 1 unless the expected matches hold "
+                                                 f"within {TOL}", worker)
+    if a is None:
+        return
     sys.path.insert(0, str(ROOT))
     import vae
-    cases = {k: c for k, c in CASES.items() if not a.quick or k in QUICK}
     ref = published()
-    failed = []
-    g = torch.Generator().manual_seed(SEED)
-    inputs = {k: torch.randn(shape, generator=g) if op == "decode" else torch.rand(shape, generator=g)
-              for k, (op, shape) in cases.items()}
+    inputs = comfy_core.case_inputs(cases, SEED)
     weights = ref.state_dict()
     core, info = comfy_core.run_worker(str(Path(__file__).resolve()), a.comfyui, a.python, a.threads, weights,
                                        inputs, prefix="cmp_cogvideox_")
     v = vae.from_state_dict(weights, source="the same weights")
     print(f"CogVideoX VAE, published config, random weights (seed {SEED}), fp32, CPU, {a.threads} threads; "
-          f"core model {info['model']}, core load: {len(info['missing'])} missing, {len(info['unexpected'])} "
-          f"unexpected keys; ours: {v.name}")
-    print(f"{'case':<11} {'out (T, H, W)':<15} {'against':<34} {'max':>9} {'mean':>9} {'rel':>8}")
-
-    def row(case, out, against, other, expect_equal):
-        mx, mean, rel = comfy_core.diff(out, other)
-        mark = "" if not expect_equal else ("  ok" if mx <= TOL else "  FAIL")
-        if expect_equal and mx > TOL:
-            failed.append(f"{case} {against}")
-        print(f"{case:<11} {str(tuple(out.shape[2:])):<15} {against:<34} {mx:>9.2e} {mean:>9.2e} {rel:>8.3f}{mark}")
-
+          f"{comfy_core.load_note(info)}; ours: {v.name}")
+    rows = comfy_core.CheckedRows(TOL, 34)
+    row = rows.row
     with torch.inference_mode():
         for k, (op, shape) in cases.items():
             x = inputs[k]
@@ -133,8 +94,8 @@ def main() -> None:
             # core's VAE Decode / Encode: the original's grouping for one frame, and encodes of <= 8 frames
             row(k, ours, "core", core[k], t == 1 or (op == "encode" and t <= 8))
             row(k, ours, "core, original's grouping", core[k + "_original"], True)
-    if a.check and failed:
-        sys.exit(f"expected matches failed: {', '.join(failed)}")
+    if a.check and rows.failed:
+        sys.exit(f"expected matches failed: {', '.join(rows.failed)}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ decode, LATENTs for encode), per case:
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -45,57 +44,28 @@ QUICK = ("decode_t1", "decode_t3", "encode_T1", "encode_T9")
 def published(seed: int = SEED):
     """diffusers' model at the published config, random weights, norms jittered."""
     import diffusers
-    torch.manual_seed(seed)
-    model = diffusers.AutoencoderKLCosmos().eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return model
+    return comfy_core.diffusers_jittered(diffusers.AutoencoderKLCosmos, seed)
 
 
 def worker(a) -> None:
     """Core's side: every case through comfy.sd.VAE, and its modules without the statistics."""
-    torch.set_num_threads(a.threads)
-    sd, inputs = comfy_core.worker_files(a.worker)
-    v = comfy_core.vae(a.comfyui, sd)
-    m = v.first_stage_model
-    keys = set(m.state_dict())
-    out = {}
-    with torch.inference_mode():
-        for k, x in inputs.items():
-            if k.startswith("decode"):
-                out[k] = v.decode(x).movedim(-1, 1)                  # [B, T, H, W, 3] -> [B, 3, T, H, W]
-                out[k + "_raw"] = m.decoder(m.post_quant_conv(x))
-            else:
-                out[k] = v.encode(x[0].movedim(0, -1))               # an IMAGE batch [T, H, W, 3]
-                out[k + "_raw"] = m.quant_conv(m.encoder(x * 2 - 1))
-    comfy_core.save_worker(a.worker, out, {"model": type(m).__name__, "missing": sorted(keys - set(sd)),
-                                           "unexpected": sorted(set(sd) - keys)})
+    comfy_core.video_worker(a, "_raw", lambda m, x: m.decoder(m.post_quant_conv(x)),
+                            lambda m, x: m.quant_conv(m.encoder(x * 2 - 1)))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    comfy_core.comparison_flags(p)
-    p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
-    p.add_argument("--check", action="store_true", help=f"exit 1 unless every row holds within {TOL}")
-    a = p.parse_args()
-    if a.worker:
-        return worker(a)
-    a.comfyui, a.python = str(Path(a.comfyui).resolve()), a.python or sys.executable
-    torch.set_num_threads(a.threads)
+    a, cases = comfy_core.parse_video_comparison(__doc__, CASES, QUICK, f"exit 1 unless every row holds within {TOL}",
+                                                 worker)
+    if a is None:
+        return
     sys.path.insert(0, str(ROOT))
     import vae
     from vae.archs import cosmos_layout
-    cases = {k: c for k, c in CASES.items() if not a.quick or k in QUICK}
     ref = published()
     cfg = ref.config
     mean = torch.tensor(cfg.latents_mean).view(1, 16, -1, 1, 1)
     std = torch.tensor(cfg.latents_std).view(1, 16, -1, 1, 1)
-    g = torch.Generator().manual_seed(SEED)
-    inputs = {k: torch.randn(shape, generator=g) if op == "decode" else torch.rand(shape, generator=g)
-              for k, (op, shape) in cases.items()}
+    inputs = comfy_core.case_inputs(cases, SEED)
     canonical = cosmos_layout.to_canonical(ref.state_dict())
     weights = cosmos_layout.to_original(canonical)
     weights.update(latent_mean=mean.flatten().clone(), latent_std=std.flatten().clone())
@@ -103,18 +73,9 @@ def main() -> None:
                                        inputs, prefix="cmp_cosmos_")
     v = vae.from_state_dict(weights, source="the same weights")
     print(f"Cosmos-1 CV8x8x8, published config, random weights (seed {SEED}), fp32, CPU, {a.threads} threads; "
-          f"core model {info['model']}, core load: {len(info['missing'])} missing, {len(info['unexpected'])} "
-          f"unexpected keys; ours: {v.name}")
-    print(f"{'case':<11} {'out (T, H, W)':<15} {'against':<18} {'max':>9} {'mean':>9} {'rel':>8}")
-    failed = []
-
-    def row(case, out, against, other):
-        mx, mn, rel = comfy_core.diff(out, other)
-        ok = mx <= TOL
-        if not ok:
-            failed.append(f"{case} {against}")
-        print(f"{case:<11} {str(tuple(out.shape[2:])):<15} {against:<18} {mx:>9.2e} {mn:>9.2e} {rel:>8.3g}"
-              f"  {'ok' if ok else 'FAIL'}")
+          f"{comfy_core.load_note(info)}; ours: {v.name}")
+    rows = comfy_core.CheckedRows(TOL, 18, rel="8.3g")
+    row = rows.row
 
     def table(t: torch.Tensor, n: int) -> torch.Tensor:       # frame i takes column i % 16, as core does
         return t[:, :, torch.arange(n) % t.shape[2]]
@@ -135,8 +96,8 @@ def main() -> None:
                 row(k, ours, "diffusers", (z - table(mean, t)) * 0.5 / table(std, t))
                 row(k, ours, "core", core[k])
                 row(k, v.model.encode(x * 2 - 1), "core model, raw", core[k + "_raw"])
-    if a.check and failed:
-        sys.exit(f"over {TOL}: {', '.join(failed)}")
+    if a.check and rows.failed:
+        sys.exit(f"over {TOL}: {', '.join(rows.failed)}")
 
 
 if __name__ == "__main__":

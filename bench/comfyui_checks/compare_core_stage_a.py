@@ -92,11 +92,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     comfy_core.comparison_flags(p)
     p.add_argument("--json", help="write the rows here")
-    a = p.parse_args()
-    if a.worker:
-        return worker(a)
-    a.comfyui, a.python = str(Path(a.comfyui).resolve()), a.python or sys.executable
-    torch.set_num_threads(a.threads)
+    a = comfy_core.parse_comparison(p, worker)
+    if a is None:
+        return
     sys.path.insert(0, str(ROOT))
     from safetensors.torch import save_file
     import vae

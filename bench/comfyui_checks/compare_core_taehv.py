@@ -123,11 +123,9 @@ def main() -> None:
     comfy_core.comparison_flags(p)
     p.add_argument("--reference", help="a copy of madebyollin/taehv taehv.py: its rows too")
     p.add_argument("--json", help="write the rows here")
-    a = p.parse_args()
-    if a.worker:
-        return worker(a)
-    a.comfyui, a.python = str(Path(a.comfyui).resolve()), a.python or sys.executable
-    torch.set_num_threads(a.threads)
+    a = comfy_core.parse_comparison(p, worker)
+    if a is None:
+        return
     from safetensors.torch import save_file
     sys.path.insert(0, str(ROOT))
     import vae

@@ -6,6 +6,7 @@ defaults before anything imports that module."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def start(comfyui: str, pytorch_attention: bool | None = None) -> None:
@@ -50,7 +51,6 @@ def run_worker(script: str, comfyui: str, python: str, threads: int, weights: di
     import json
     import subprocess
     import tempfile
-    from pathlib import Path
 
     from safetensors.torch import load_file, save_file
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
@@ -66,8 +66,6 @@ def run_worker(script: str, comfyui: str, python: str, threads: int, weights: di
 
 def worker_files(folder: str) -> tuple[dict, dict]:
     """In a worker of ``run_worker``: the weights and the inputs it was given."""
-    from pathlib import Path
-
     from safetensors.torch import load_file
     return load_file(Path(folder) / "weights.safetensors"), load_file(Path(folder) / "inputs.safetensors")
 
@@ -75,8 +73,6 @@ def worker_files(folder: str) -> tuple[dict, dict]:
 def save_worker(folder: str, outputs: dict, report: dict) -> None:
     """In a worker of ``run_worker``: its outputs and its report, for the caller."""
     import json
-    from pathlib import Path
-
     from safetensors.torch import save_file
     save_file({k: t.contiguous() for k, t in outputs.items()}, Path(folder) / "core.safetensors")
     (Path(folder) / "core.json").write_text(json.dumps(report))
@@ -90,6 +86,105 @@ def comparison_flags(p) -> None:
     p.add_argument("--python", help="ComfyUI's python (its venv); default: this one")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--worker", help=argparse.SUPPRESS)
+
+
+def parse_comparison(p, worker):
+    """Parse the command line of a core comparison (``p`` has ``comparison_flags``). In a worker: run
+    ``worker(args)`` and return None. Else the arguments, with ``--comfyui`` made absolute and ``--python``
+    defaulting to this python, after setting torch's threads to ``--threads``."""
+    import torch
+    a = p.parse_args()
+    if a.worker:
+        return worker(a)
+    a.comfyui, a.python = str(Path(a.comfyui).resolve()), a.python or sys.executable
+    torch.set_num_threads(a.threads)
+    return a
+
+
+def diffusers_jittered(cls, seed: int):
+    """diffusers' model ``cls`` at its default config (the published one), random weights seeded with
+    ``seed``, every norm's parameters jittered (seed + 1) so that no affine is the identity."""
+    import torch
+    torch.manual_seed(seed)
+    model = cls().eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def case_inputs(cases: dict, seed: int) -> dict:
+    """The inputs of the cases ``name -> (op, shape)`` of a video comparison, from one generator seeded with
+    ``seed``: randn latents for ``decode``, clips in 0..1 (rand) for ``encode``."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(shape, generator=g) if op == "decode" else torch.rand(shape, generator=g)
+            for k, (op, shape) in cases.items()}
+
+
+def video_worker(a, suffix: str, decode, encode) -> None:
+    """Core's side of a video comparison (``case_inputs``): each ``decode*`` LATENT through core's VAE Decode,
+    each clip [1, 3, T, H, W] through its VAE Encode (as an IMAGE batch), and beside them ``decode(model, x)``
+    / ``encode(model, x)`` of core's model as ``NAME + suffix``. The report: core's model class and the keys
+    it missed or did not expect in the file (``load_note``)."""
+    import torch
+    torch.set_num_threads(a.threads)
+    sd, inputs = worker_files(a.worker)
+    v = vae(a.comfyui, sd)
+    m = v.first_stage_model
+    keys = set(m.state_dict())
+    out = {}
+    with torch.inference_mode():
+        for k, x in inputs.items():
+            if k.startswith("decode"):
+                out[k] = v.decode(x).movedim(-1, 1)                  # [B, T, H, W, 3] -> [B, 3, T, H, W]
+                out[k + suffix] = decode(m, x)
+            else:
+                out[k] = v.encode(x[0].movedim(0, -1))               # an IMAGE batch [T, H, W, 3]
+                out[k + suffix] = encode(m, x)
+    save_worker(a.worker, out, {"model": type(m).__name__, "missing": sorted(keys - set(sd)),
+                                "unexpected": sorted(set(sd) - keys)})
+
+
+def parse_video_comparison(doc: str, cases: dict, quick: tuple, check_help: str, worker):
+    """The command line of a video comparison (``doc``'s first paragraph for --help): ``comparison_flags``,
+    ``--quick`` (only the cases named in ``quick``) and ``--check`` (``check_help``), parsed by
+    ``parse_comparison``. Returns the arguments and the cases to run; (None, {}) in a worker."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    comparison_flags(p)
+    p.add_argument("--quick", action="store_true", help=f"only {', '.join(quick)}")
+    p.add_argument("--check", action="store_true", help=check_help)
+    a = parse_comparison(p, worker)
+    if a is None:
+        return None, {}
+    return a, {k: c for k, c in cases.items() if not a.quick or k in quick}
+
+
+class CheckedRows:
+    """The printed rows of a video comparison: case, output (T, H, W), what it is against, and ``diff``'s max
+    / mean / relative. A row expected to match is marked ok or FAIL against ``tol`` and a FAIL kept in
+    ``failed`` (for ``--check``). ``width``: the against column; ``rel``: the relative column's format."""
+
+    def __init__(self, tol: float, width: int, rel: str = "8.3f"):
+        self.tol, self.width, self.rel, self.failed = tol, width, rel, []
+        print(f"{'case':<11} {'out (T, H, W)':<15} {'against':<{width}} {'max':>9} {'mean':>9} {'rel':>8}")
+
+    def row(self, case: str, out, against: str, other, expect: bool = True) -> None:
+        mx, mean, rel = diff(out, other)
+        mark = "" if not expect else ("  ok" if mx <= self.tol else "  FAIL")
+        if expect and mx > self.tol:
+            self.failed.append(f"{case} {against}")
+        print(f"{case:<11} {str(tuple(out.shape[2:])):<15} {against:<{self.width}} {mx:>9.2e} {mean:>9.2e} "
+              f"{rel:>{self.rel}}{mark}")
+
+
+def load_note(info: dict) -> str:
+    """What ``video_worker`` reports of core's load, for a comparison's first line."""
+    return (f"core model {info['model']}, core load: {len(info['missing'])} missing, {len(info['unexpected'])} "
+            f"unexpected keys")
 
 
 class ParityTable:

@@ -11,14 +11,13 @@ nodes, workflows) run this family through tests/video_families.py."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import vae
-from helpers import ROOT, assert_budget_plans_exact_tiles, assert_layouts_agree, halves, jitter_norms
+from helpers import (assert_budget_plans_exact_tiles, assert_layouts_agree, halves, jitter_norms,
+                     run_core_check)
 from vae import registry
 from vae.archs import cogvideox as cog
 from vae.archs import cogvideox_layout as layout
@@ -271,8 +270,4 @@ def test_parity_with_comfyui_core():
     """bench/comfyui_checks/compare_core_cogvideox.py --quick on the published config: where core's frame
     grouping is the original's (one frame; a clip of at most 8 frames; core's own model run in the
     original's batches) ours equals core within 1e-4; its printed table has the rest."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "comfyui_checks" / "compare_core_cogvideox.py"),
-                           "--comfyui", os.environ["COMFYUI_DIR"], "--python", os.environ["COMFYUI_PYTHON"],
-                           "--quick", "--check"], capture_output=True, text=True, timeout=1800)
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_core_check("compare_core_cogvideox.py")

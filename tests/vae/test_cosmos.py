@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import inspect
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import vae
-from helpers import ROOT, assert_budget_plans_exact_tiles, assert_layouts_agree, halves, jitter_norms
+from helpers import (assert_budget_plans_exact_tiles, assert_layouts_agree, halves, jitter_norms,
+                     run_core_check)
 from vae import registry
 from vae.archs import cosmos
 from vae.archs import cosmos_layout as layout
@@ -257,8 +256,4 @@ def test_published_config_equals_diffusers():
 def test_parity_with_comfyui_core():
     """bench/comfyui_checks/compare_core_cosmos.py --quick at the published config: ours equals core's VAE
     Decode / Encode and its tokenizer's modules within 1e-4."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "comfyui_checks" / "compare_core_cosmos.py"),
-                           "--comfyui", os.environ["COMFYUI_DIR"], "--python", os.environ["COMFYUI_PYTHON"],
-                           "--quick", "--check"], capture_output=True, text=True, timeout=1800)
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_core_check("compare_core_cosmos.py")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import mage_tiny as T
 import vae
-from helpers import assert_layouts_agree, reference_state_dicts
+from helpers import assert_exact_tiles_both_ways, assert_layouts_agree, reference_state_dicts
 from vae import registry
 from vae.engine import tiling
 from vae.archs import mage
@@ -243,13 +243,8 @@ def test_exact_tiles_equal_untiled_both_ways(ours):
     image: exact mode reproduces the untiled result; fast tiles visibly do not."""
     r = ours.caps.spatial_ratio
     z = _latent(9, 11)
-    untiled = ours.decode(z)
-    assert (ours.decode(z, tile=3 * r, overlap=r) - untiled).abs().max() > VISIBLE
-    assert (ours.decode(z, tile=3 * r, mode="exact") - untiled).abs().max() <= PARITY
     x = _images(9 * r, 11 * r)
-    untiled = ours.encode(x)
-    assert (ours.encode(x, tile=3 * r, overlap=r) - untiled).abs().max() > VISIBLE
-    assert (ours.encode(x, tile=3 * r, mode="exact") - untiled).abs().max() <= PARITY
+    assert_exact_tiles_both_ways(ours, z, x, 3 * r, r, PARITY, VISIBLE)
 
 
 def test_fast_tiles_cover_the_image(ours):

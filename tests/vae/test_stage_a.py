@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import vae
-from helpers import (assert_budget_plans_exact_tiles, assert_layouts_agree, core_parity_rows, diffusers_paella,
-                     reference_state_dicts)
+from helpers import (assert_budget_plans_exact_tiles, assert_exact_tiles_both_ways, assert_layouts_agree,
+                     core_parity_rows, diffusers_paella, reference_state_dicts)
 from vae import registry
 from vae.archs import stage_a
 from vae.loading import unwrap
@@ -192,13 +192,8 @@ def test_exact_tiles_equal_untiled_both_ways(ours):
     exact mode reproduces the untiled result; fast tiles visibly do not."""
     r = ours.caps.spatial_ratio
     z = _latent(13, 15)
-    untiled = ours.decode(z)
-    assert (ours.decode(z, tile=3 * r, overlap=r) - untiled).abs().max() > VISIBLE
-    assert (ours.decode(z, tile=3 * r, mode="exact") - untiled).abs().max() <= PARITY
     x = _images(13 * r, 15 * r)
-    untiled = ours.encode(x)
-    assert (ours.encode(x, tile=3 * r, overlap=r) - untiled).abs().max() > VISIBLE
-    assert (ours.encode(x, tile=3 * r, mode="exact") - untiled).abs().max() <= PARITY
+    assert_exact_tiles_both_ways(ours, z, x, 3 * r, r, PARITY, VISIBLE)
 
 
 def test_the_budget_planner_plans_smaller_exact_tiles_with_the_untiled_result(ours, caplog):
