@@ -96,7 +96,7 @@ TEST = {
         up=(None, hunyuan_video15.Resample(8, False), hunyuan_video15.Resample(16, False),
             hunyuan_video15.Resample(32, True), hunyuan_video15.Resample(64, True)))),
     "ltx_diffusion": ("ltx_diffusion", ltx_diffusion.DiffusionConfig(
-        encoder=ltx_config.LTXConfig(latent_channels=16, patch_size=4, encoder=_ltx_encoder_23(), encoder_out=17,
+        encoder=ltx_config.LTXConfig(latent_channels=16, patch_size=4, encoder=_ltx_encoder_23(), encoder_out=17, log_var="constant",
                                      decoder=(), timestep_conditioning=False, causal_decoder=False,
                                      decoder_spatial_pad="reflect", encoder_spatial_pad="zeros", version="2.3"),
         latent_channels=16,
