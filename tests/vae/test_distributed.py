@@ -127,10 +127,11 @@ def test_exact_across_ranks_equals_the_untiled_result(prepared, world):
             y = load_file(f"{out}/{name}.{rank}.safetensors")["y"]
             assert y.shape == want[name].shape, name
             assert (y - want[name]).abs().max() <= 1e-4, (name, rank, (y - want[name]).abs().max().item())
-        # the work was split: each rank ran only its tiles, together exactly the single-process run's
-        if name == "after":
+        # the work was split: each rank ran only its tiles, together exactly the single-process run's (a call
+        # of one unit, taeh3's clip here, runs on one rank: a rank without work reports no steps)
+        if name == "after" or want[name + ".steps"] == 1:
             continue
-        shares = [status[rank]["_steps"][name] for rank in range(world)]
+        shares = [status[rank]["_steps"].get(name, 0) for rank in range(world)]
         assert sum(shares) == want[name + ".steps"] and max(shares) < want[name + ".steps"], (name, shares)
     # a failure on rank 1: every rank stops with rank 1's message
     for rank in range(world):
