@@ -1,5 +1,6 @@
 """Exact mode across ranks (torch.distributed, gloo, one process per rank on this CPU): every rank's
-result equals the single-process untiled one within 1e-4 for every family with exact mode, decode
+result equals the single-process untiled one within 1e-4 for the image families and one video family per
+engine path (every video family under -m slow), decode
 and encode, the time axis streamed and not (fast mode: the single-process tiled result); a failure or an interrupt on one rank ends the call on
 every rank with that rank's message, and the ranks go on to the next call together.
 
@@ -27,8 +28,8 @@ DEMO = ROOT / "vae" / "demo" / "vaekit_demo.safetensors"      # TAESD architectu
 WIDE = {"ltx_diffusion": 8}
 
 
-def _cases(d) -> tuple[list[dict], dict]:
-    """The cases and, per case, the single-process untiled result."""
+def _cases(d, families) -> tuple[list[dict], dict]:
+    """The cases (the image families' and ``families``') and, per case, the single-process untiled result."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     cases, want = [], {}
@@ -55,7 +56,7 @@ def _cases(d) -> tuple[list[dict], dict]:
     # fast mode: independent tiles, each rank blends its share; the sum is the one-process result
     add("kl-decode-fast", kl, "decode", torch.randn(1, 4, 12, 12, generator=g), mode="fast", tile=12, overlap=4)
     add("taesd-encode-fast", DEMO, "encode", torch.rand(1, 3, 64, 64, generator=g), mode="fast", tile=32, overlap=8)
-    for family in FAMILIES:
+    for family in families:
         path = d / f"{family}.safetensors"
         save_file(tiny_state_dict(family), str(path))
         v = vae.load(path)
@@ -107,15 +108,29 @@ def _launch(d, world: int, cases: list[dict]) -> list[dict]:
     return [r["status"] | {"_dir": str(out), "_steps": r["steps"]} for r in reports]
 
 
+# the default run's video families: one per engine path (causal streams, GroupNorm rounds, causal frame
+# attention, the model's own units, windowed attention, streaming memory, one unit, frames in the batch);
+# every family in test_every_video_family_across_ranks (-m slow)
+PATHS = ("wan", "mochi", "hunyuan_video15", "minimax", "ltx_diffusion", "taehv", "taeh3", "svd")
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     d = tmp_path_factory.mktemp("dist")
-    return d, *_cases(d)
+    return d, *_cases(d, PATHS)
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_exact_across_ranks_equals_the_untiled_result(prepared, world):
-    d, cases, want = prepared
+    _check(*prepared, world)
+
+
+@pytest.mark.slow
+def test_every_video_family_across_ranks(tmp_path):
+    _check(tmp_path, *_cases(tmp_path, FAMILIES), 2)
+
+
+def _check(d, cases: list[dict], want: dict, world: int) -> None:
     status = _launch(d, world, cases)
     out = status[0]["_dir"]
     for case in cases:
