@@ -1,12 +1,18 @@
 """Fixtures: the pack as a package, a fixed seed, the shared real weights."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import SHARED_DATA, load_pack
+
+# Run in parallel (pytest-xdist, as pytest.ini asks): the cores are shared among the workers, so each
+# worker's torch takes its share of them instead of all (oversubscribed threads slow every worker down).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.fixture(scope="session")
