@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from . import checks
-from .engine import defined, exact, guard, streaming, tiling
+from .engine import defined, exact, guard, memory, streaming, tiling
 from .files import latents
 from .nn import posterior as gaussian
 from .errors import InputError
@@ -351,7 +351,8 @@ class VAE:
             p = planner.plan(self, call, budget, **where)
             log.info("VAEKit %s: %s", "decode" if call.decode else "encode", p.describe())
             try:
-                return run(p.call)
+                with memory.host_limit(p.on_device(), self.device):     # the CPU allocator held to the plan
+                    return run(p.call)
             except Exception as e:        # noqa: BLE001 - only out-of-memory errors are retried
                 if not _out_of_memory(e) or budget <= 1 << 20:
                     raise

@@ -61,7 +61,17 @@ def loaded_rss_kib(model, copy: bool = False) -> int:
             else:
                 t.sum()
     gc.collect()
+    _trim()             # what loading freed goes back first: the call must not count it, nor reuse it unseen
     return vm_rss_kib()
+
+
+def _trim() -> None:
+    """glibc's malloc_trim (a no-op elsewhere); core's workers run this too, where vae is not importable."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def run_child(cmd: list[str], env: dict) -> bool:

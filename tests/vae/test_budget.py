@@ -139,18 +139,26 @@ def test_a_map_born_on_the_offload_device_never_counts_on_the_compute_device():
     assert 8000 <= got.device <= 12100 and got.offload == 400_000
 
 
-def test_a_convolutions_weight_copy_counts_on_the_cpu_only():
+def test_a_convolutions_copies_count_on_the_cpu_only():
     """On the CPU every convolution reorders its weight (a transient copy as large as the weight): a
     wide convolution on a small input needs its weight's bytes again, which no factor over the
-    activations gives (HunyuanVideo 1.5's up-sampler). Devices that make no such copy are not charged."""
+    activations gives (HunyuanVideo 1.5's up-sampler). A volumetric input in the contiguous layout is
+    reordered too (the larger of input and output); channels-last is not. Devices that make no such
+    copy are not charged."""
     conv = torch.nn.Conv3d(256, 1024, 3, padding=1).to("meta")
     weight = conv.weight.numel() * 4                     # 28 MiB
     x = torch.empty(1, 256, 2, 4, 4, device="meta")
+    out = 4 * 2 * 4 * 4 * 1024
     m = memory.measure(lambda: conv(x), (x,), conv)
     assert m.device < weight / 100                       # activations: the input and the output
-    assert weight + m.device - 4 * 2 * 4 * 4 * 1024 <= m.copies <= weight + m.device
+    assert m.copies == m.device + weight + out
     assert memory.working(m, CPU) >= weight
     assert memory.working(m, torch.device("cuda")) == memory.calibrated(m.device, torch.device("cuda"))
+    wide = torch.nn.Conv3d(8, 8, 3, padding=1).to("meta")
+    for fmt, extra in ((torch.contiguous_format, 1), (torch.channels_last_3d, 0)):
+        y = torch.empty(1, 8, 4, 32, 32, device="meta").contiguous(memory_format=fmt)
+        m = memory.measure(lambda: wide(y), (y,), wide)
+        assert m.copies == m.device + wide.weight.numel() * 4 + extra * y.numel() * 4
 
 
 @pytest.mark.parametrize("name", ["wan", "kl"])
@@ -238,6 +246,46 @@ def test_a_planned_call_logs_its_plan_and_gives_the_exact_result(loaded, caplog)
     assert (out - v.decode(z)).abs().max() <= 1e-5
     line = next(r.message for r in caplog.records if "predicted on cpu" in r.message)
     assert "exact" in line and "px tiles" in line and "budget" in line and "output" in line
+
+
+def test_the_cpu_allocator_is_trimmed_only_past_the_calls_limit(monkeypatch):
+    """``keep_within`` trims when the resident memory is over the call's limit and has grown by a
+    sixteenth of it since the last trim; outside ``host_limit`` (or on another device) never."""
+    rss, trims = [1000], []
+    monkeypatch.setattr(memory, "_resident", lambda: rss[0])
+    monkeypatch.setattr(memory, "trim", lambda: trims.append(rss[0]))
+    memory.keep_within()
+    with memory.host_limit(160, torch.device("meta")):
+        rss[0] = 5000
+        memory.keep_within()
+    assert trims == []
+    rss[0] = 1000
+    with memory.host_limit(160, CPU):          # trims once at the start: the call's base
+        assert trims == [1000]
+        for r in (1100, 1160, 1161, 1165, 1171, 1172, 1150):
+            rss[0] = r
+            memory.keep_within()
+    assert trims == [1000, 1161, 1172]
+    rss[0] = 9000
+    memory.keep_within()
+    assert len(trims) == 3
+
+
+def test_a_budgeted_call_on_the_cpu_holds_the_allocator_to_its_plan(loaded, monkeypatch):
+    """Inside a planned call on the CPU, the exact engine checks the resident memory at its re-cut
+    points against the plan's prediction (vae/engine/memory.py: host_limit); the planner's dry runs
+    before it check against nothing."""
+    v = loaded["wan"]
+    z = torch.randn(1, 16, 3, 24, 24)
+    limits = []
+    monkeypatch.setattr(memory, "keep_within", lambda: limits.append(memory._HOST_LIMIT.get()))
+    smallest = budget.predict(v, v.call_for("decode", z.shape, tile=64, mode="exact", tile_frames=4), CPU, CPU)
+    b = budget.on_device(smallest, CPU, CPU, CPU) * 11 // 10
+    p = budget.plan(v, v.call_for("decode", z.shape, mode="exact"), b, CPU, CPU, CPU)
+    v.decode(z, mode="exact", budget=b)
+    run = [h for h in limits if h is not None]
+    assert run and len(run) < len(limits) and all(h.limit == p.on_device() for h in run)
+    assert memory._HOST_LIMIT.get() is None
 
 
 def test_out_of_memory_replans_with_half_the_budget(loaded, monkeypatch, caplog):

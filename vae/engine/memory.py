@@ -11,16 +11,18 @@ The real peak exceeds the live bytes by what the tensor library keeps besides: a
 the tensors (allocator rounding, convolution workspaces) and a fixed part (thread pools, the allocator's
 arenas). ``CALIBRATION`` per device type is that affine fit, from measurements against these
 predictions (CPU: ``bench/bench_budget.py``; CUDA: ``bench/gpu_check.py --calibrate``), with where it
-came from and whether it was measured at all. One workspace grows with the weights instead, so no fit
-over activations covers it: on the CPU every convolution reorders its weight into oneDNN's blocked
-layout, a transient copy as large as the weight (HunyuanVideo 1.5's 1024 -> 8192 channel up-sampler:
-906 MiB a call, measured by peak RSS per op). The tracker also keeps the peak of live bytes plus the
-weight of the convolution running (``copies``), used on the devices in ``WEIGHT_COPIES``.
+came from and whether it was measured at all. One workspace no fit over the live bytes covers: on the
+CPU every convolution reorders its weight into oneDNN's blocked layout (HunyuanVideo 1.5's 1024 -> 8192
+channel up-sampler: 906 MiB a call, measured by peak RSS per op), and one whose input is not
+channels-last (the video families') its input or output too: transient copies that weigh most where
+the live bytes are fewest, in an exact tile. The tracker also keeps the peak of live bytes plus the
+copies of the convolution running (``copies``), used on the devices in ``WEIGHT_COPIES``.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
@@ -50,8 +52,10 @@ class Calibration:
 # rounding and fragmentation, cuDNN workspaces): `python3 bench/gpu_check.py --calibrate` prints the fit
 # from measurements against these predictions; until it has run on a GPU, a conservative default.
 CALIBRATION = {
-    "cpu": Calibration(1.07, 200 << 20, True, "peak RSS, Wan 2.1 published config from a 64 px exact tile "
-                       "(live 134 MiB) to one pass (1823 MiB), bench/bench_budget.py, 2026-11-26"),
+    "cpu": Calibration(1.07, 420 << 20, True, "peak RSS over the RSS after load and a malloc_trim, Wan 2.1 "
+                       "published config at 512x768: 160 px exact tiles (live 435 MiB, 885 MiB measured less "
+                       "maps and output) to one pass (live 7362 MiB, 8311 MiB), bench/bench_budget.py, "
+                       "2026-11-27; the smallest tiles measured (80 px, live 121 MiB) stay within it"),
     "cuda": Calibration(1.5, 512 << 20, False, "not yet measured on a GPU: a conservative default (above the "
                         "CPU's fit); bench/gpu_check.py --calibrate measures it"),
 }
@@ -81,8 +85,8 @@ def calibrated(live: int, device: torch.device) -> int:
 
 def working(m: "Measure", device: torch.device, scale: float = 1.0) -> int:
     """The working set measurement ``m`` (its live bytes times ``scale``) means on ``device``: the
-    calibrated live peak, or a convolution's weight copy on top of what is alive then, if larger (the
-    copy is one fresh block, freed at once: it takes neither the factor nor the fixed bytes; measured,
+    calibrated live peak, or a convolution's copies on top of what is alive then, if larger (the
+    copies are fresh blocks, freed at once: they take neither the factor nor the fixed bytes; measured,
     HunyuanVideo 1.5 at 128x192x5: 889 MiB one pass, 900 exact, the copy peak 874)."""
     out = calibrated(int(m.device * scale), device)
     if torch.device(device).type in WEIGHT_COPIES:
@@ -90,11 +94,20 @@ def working(m: "Measure", device: torch.device, scale: float = 1.0) -> int:
     return out
 
 
-def _weight_copy(func, args) -> int:
-    """Bytes of the weight a convolution op reorders (0 for any other op)."""
+def _conv_copies(func, args, out) -> int:
+    """Bytes a convolution op copies on the CPU besides its input and output (0 for any other op): its
+    weight, reordered into oneDNN's blocked layout, and, where the input is not channels-last, the
+    larger of input and output, reordered too (measured by peak RSS per call, fp32, 2 threads: Conv3d
+    96 -> 96 on [1, 96, 6, 176, 176], 68 MiB in, 44 out: 69 MiB besides; channels_last_3d: 1 MiB;
+    Conv2d on 68 MiB: 68 MiB besides, channels_last: none)."""
     if func.overloadpacket.__name__ not in _CONVOLUTIONS or len(args) < 2 or not isinstance(args[1], torch.Tensor):
         return 0
-    return args[1].numel() * args[1].element_size()
+    x, w = args[0], args[1]
+    n = w.numel() * w.element_size()
+    last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    if last is None or not x.is_contiguous(memory_format=last) or x.is_contiguous():
+        n += max(x.numel() * x.element_size(), out.numel() * out.element_size() if isinstance(out, torch.Tensor) else 0)
+    return n
 
 
 def _libc_trim() -> Callable[[], object]:
@@ -114,6 +127,64 @@ def _libc_trim() -> Callable[[], object]:
 trim = _libc_trim()
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _resident() -> Optional[int]:
+    """This process's resident bytes (Linux /proc), or None where that cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class _HostLimit:
+    base: int             # resident bytes when the call began
+    limit: int            # what the call may add to them
+    after: int            # resident bytes after the last trim
+
+
+_HOST_LIMIT: contextvars.ContextVar[Optional[_HostLimit]] = contextvars.ContextVar("vaekit_host_limit", default=None)
+
+
+@contextlib.contextmanager
+def host_limit(limit: int, device: torch.device) -> Iterator[None]:
+    """While a call computes on the CPU within a budget: ``keep_within`` holds the process's resident
+    memory to ``limit`` bytes (the plan's prediction) above where the call began. The tracker counts the
+    bytes alive; the C allocator keeps more: glibc serves blocks below its mmap threshold (which rises to
+    32 MiB: a tile's activations) from its heap and gives freed ones back only above the highest block
+    still alive or when trimmed, so between trims an exact run's resident memory outgrows its live bytes
+    (measured, Wan 2.1 256x384x9 in 80 px tiles: 531 MiB resident at the peak with 110 MiB alive). A
+    trim costs a page walk; it runs only when the excess crosses the limit."""
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    trim()
+    rss = _resident()
+    if rss is None:
+        yield
+        return
+    token = _HOST_LIMIT.set(_HostLimit(rss, limit, rss))
+    try:
+        yield
+    finally:
+        _HOST_LIMIT.reset(token)
+
+
+def keep_within() -> None:
+    """At a point an engine passes often (the stage engine's re-cut points): trim the C allocator if the
+    call's resident memory is over its limit (``host_limit``) and has grown since the last trim."""
+    h = _HOST_LIMIT.get()
+    if h is None:
+        return
+    rss = _resident()
+    if rss is not None and rss - h.base > h.limit and rss > h.after + (h.limit >> 4):
+        trim()
+        h.after = _resident() or rss
+
+
 class Tracker(TorchDispatchMode):
     """Live storage bytes of the tensors ops create on the meta device, and their peak; tensors
     reported as offloaded are kept apart (``offload``: their bytes alive at the end, at most)."""
@@ -126,7 +197,7 @@ class Tracker(TorchDispatchMode):
         self._ignored: set[int] = set()      # storages that live elsewhere (the input, the output)
         self.peak = 0
         self.offload = 0
-        self.copies = 0          # peak of live bytes plus the weight a running convolution copies
+        self.copies = 0          # peak of live bytes plus what a running convolution copies
         self.placing = 0         # > 0: new storages are born on the offload device (``placed_away``)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -137,8 +208,8 @@ class Tracker(TorchDispatchMode):
                 self._add(t, into)
         if self._bound > self.peak:          # perhaps a new peak: count what is really alive
             self._sweep()
-        copy = _weight_copy(func, args)
-        if copy and self._bound + copy > self.copies:    # inputs and output are alive during the copy
+        copy = _conv_copies(func, args, out)
+        if copy and self._bound + copy > self.copies:    # inputs and output are alive during the copies
             self._sweep()
             self.copies = max(self.copies, self._bound + copy)
         return out
@@ -287,7 +358,7 @@ def meta_model(model: nn.Module) -> nn.Module:
 class Measure:
     device: int        # peak live bytes on the compute device (uncalibrated)
     offload: int       # bytes the engines kept on the offload device
-    copies: int = 0    # peak live bytes with a convolution's weight copy (devices in WEIGHT_COPIES)
+    copies: int = 0    # peak live bytes with a convolution's copies (devices in WEIGHT_COPIES)
 
 
 def measure(call: Callable[[], object], inputs: tuple[torch.Tensor, ...] = (),

@@ -287,6 +287,7 @@ class _Hooks:
     def seam(self, module: nn.Module, x: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]):
         if not (getattr(module, "exact_whole", False) or getattr(module, "exact_boundary", False)):
             return forward(x)            # a seam class switched off for this instance (the probe skips it)
+        vram.keep_within()               # a budgeted call on the CPU: the allocator's freed blocks back
         plan, stage = self.run.plan, self.stage
         j, self.calls = self.calls, self.calls + 1
         i = plan.seams[j] if j < len(plan.seams) else None
