@@ -11,6 +11,7 @@ un-normalises first, then x0 in [-1, 1] -> (x0 + 1) / 2; diffusers' decoder take
 latent and a generator for its noise."""
 from __future__ import annotations
 
+import collections
 import logging
 
 import pytest
@@ -282,6 +283,24 @@ def test_exact_tiles_meet_at_every_block_and_run_in_a_tiles_memory():
     one = budget.predict(ours, ours.call_for("decode", shape), cpu, cpu)
     tiled = budget.predict(ours, ours.call_for("decode", shape, tile=4 * 32, mode="exact"), cpu, cpu)
     assert tiled.live < one.live / 3 and tiled.maps > 0
+
+
+def test_a_tile_replays_the_blocks_before_its_stage_once_per_call():
+    """A tile of a later stage re-enters the forward on a tiny input up to its stage's start; the blocks
+    there keep their input's shape, so each runs on it once per call and is passed through after that
+    (vae/engine/stages.py, ``_Stages.replay``), not once per tile and later stage (the first of these
+    6 blocks: 4 x 5 times more). Each block runs once per tile (2 x 2), and once tiny but the last."""
+    ours = vae.from_state_dict(tiny_state_dict("ltx_diffusion"))
+    blocks = [m for m in ours.model.modules() if isinstance(m, ltx_diffusion._Local)]
+    calls = collections.Counter()
+    for block in blocks:
+        block.register_forward_pre_hook(lambda m, args: calls.update([m]))
+    z = torch.randn(1, LATENT, 2, 8, 8)
+    full = ours.decode(z)
+    calls.clear()
+    tiled = ours.decode(z, tile=128, mode="exact")
+    assert (tiled - full).abs().max() <= 1e-4
+    assert calls[blocks[-1]] == 4 and max(calls.values()) == 4 + 1
 
 
 def test_temporal_reach_is_measured():

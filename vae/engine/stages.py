@@ -18,7 +18,9 @@ needs (``Tile.crop``), so high-resolution layers carry a few pixels of halo, not
 
 A later stage re-enters the model's own forward (no model code changes): the layers before the
 stage's start run on a tiny input (one aligned latent pixel or two, through the tile's own tiny
-stream state), and at the start the flowing tensor is replaced by the tile's slice of the map; at the
+stream state; a separator whose output keeps its input's shape runs there once per call, then passes
+its input through: ``_Stages.replay``), and at the start the flowing tensor is replaced by the tile's
+slice of the map; at the
 stage's end the tile hands over its core and the forward is unwound. Nothing else may be live across a
 separator (a module's residual input): the classes that declare ``exact_whole`` / ``exact_boundary``
 promise that, and the first stage that breaks it fails loudly on a shape.
@@ -294,8 +296,7 @@ class _Hooks:
         if i is None or plan.events[i].module is not module:
             raise RuntimeError("exact tiling: the tiles took a different path than the probe pass")
         if stage.start is not None and i < stage.start:       # replaying the stages before this one
-            with _plain():
-                return forward(x)
+            return self.run.replay(i, self.chunk, x, forward)
         if i == stage.start:
             src = self.run.maps_in.read(self.chunk, self.tile, lambda t, s, n: self.run.place(t, stage, i, s, n), x)
             self.view = self.tile
@@ -323,6 +324,7 @@ class _Stages:
         self.maps_in: Optional[_Maps] = None
         self.maps_out: Optional[_Maps] = None
         self.shared: Optional[_Shared] = None     # one process: tiles share their halos (``_Shared``)
+        self.replayed: dict = {}                  # (event, chunk, input shape) -> output shape (``replay``)
 
     def place(self, tile: Tile, stage: Stage, i: Optional[int], scales, size) -> None:
         """Set ``tile``'s extent at the start of the segment at event ``i`` (None: the input)."""
@@ -336,6 +338,22 @@ class _Stages:
         if self.shared is not None:
             return self.shared.recut((i, chunk), x, tile, stage.cuts[i], stage.leads[i])
         return tile.crop(x, stage.cuts[i])
+
+    def replay(self, i: int, chunk: int, x: torch.Tensor, forward: Callable) -> torch.Tensor:
+        """Seam ``i`` before a stage's start, on the tiny replay input. Its values are never read (the
+        start replaces the flowing tensor, and nothing else is live across a separator), only its shape:
+        it runs once per event, chunk and input shape in a call, and after that one whose output had its
+        input's shape passes its input through. Otherwise every tile of every stage would rerun every
+        earlier block on the tiny input (LTX-2.5's 24 separators: as many tokens as one pass at 17 x 256
+        x 256 with 128 px tiles). A skipped module's stream state is never read: it is skipped in every
+        later replay of that chunk too."""
+        key = (i, chunk, tuple(x.shape))
+        if self.replayed.get(key) == key[2]:
+            return x
+        with _plain():
+            y = forward(x)
+        self.replayed[key] = tuple(y.shape)
+        return y
 
     def forward(self, body: runstate.Body, x: torch.Tensor) -> torch.Tensor:
         """A seam module's own forward on a tile's tensor: through ``self.body`` (compiled graphs) if given."""
