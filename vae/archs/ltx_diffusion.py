@@ -127,6 +127,15 @@ def _grid(tokens: torch.Tensor) -> torch.Tensor:
     return tokens.permute(0, 4, 1, 2, 3)
 
 
+def add_linear(h: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> None:
+    """``h += linear(x)`` for tokens [B, n, C], the product accumulated into ``h`` (one pass over it, no
+    temporary)."""
+    for hi, xi in zip(h, x):
+        hi.addmm_(xi, linear.weight.t())
+        if linear.bias is not None:
+            hi.add_(linear.bias)
+
+
 def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return torch.addcmul(shift, x, 1.0 + scale)          # x * (1 + scale) + shift, one pass
 
@@ -159,10 +168,14 @@ class Rope:
         return torch.cat([t[r] for t, r in zip(self.tables, rows)], -1)[None, :, None]
 
     @staticmethod
-    def rotate(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
-        """``x`` [B, n, heads, dim] rotated by ``turns`` (``Rope.turns`` of its tokens)."""
+    def rotate(x: torch.Tensor, turns: torch.Tensor, out: torch.Tensor) -> None:
+        """``x`` [B, n, heads, dim] rotated by ``turns`` (``Rope.turns`` of its tokens) into ``out``
+        (in place where both are fp32)."""
         pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-        return torch.view_as_real(pairs * turns).flatten(-2).to(x.dtype)
+        if out.dtype == torch.float32:
+            torch.mul(pairs, turns, out=torch.view_as_complex(out.unflatten(-1, (-1, 2))))
+        else:
+            out.copy_(torch.view_as_real(pairs * turns).flatten(-2))
 
 
 class Attention(nn.Module):
@@ -192,14 +205,14 @@ class Attention(nn.Module):
         for a, b in _chunks(n, per):
             yq, yk, yv = self.qkv(pre(h[:, a:b])).unflatten(-1, (3, heads, hd)).unbind(2)
             turns = rope.turns(a, b)
-            q[:, a:b] = rope.rotate(F.rms_norm(yq, (hd,), qw.to(yq.dtype), EPS), turns)
-            k[:, a:b] = rope.rotate(F.rms_norm(yk, (hd,), kw.to(yk.dtype), EPS), turns)
+            rope.rotate(F.rms_norm(yq, (hd,), qw.to(yq.dtype), EPS), turns, q[:, a:b])
+            rope.rotate(F.rms_norm(yk, (hd,), kw.to(yk.dtype), EPS), turns, k[:, a:b])
             v[:, a:b] = yv
         shape = (batch, *grid, heads, hd)
         neighborhood_attention(q.view(shape), k.view(shape), v.view(shape), self.kernel, out=q.view(shape))  # into q
         del k, v
         for a, b in _chunks(n, per):
-            h[:, a:b] += self.proj(q[:, a:b].flatten(2))
+            add_linear(h[:, a:b], q[:, a:b].flatten(2), self.proj)
 
 
 class SwiGLU(nn.Module):
@@ -212,7 +225,7 @@ class SwiGLU(nn.Module):
     def add_to(self, h: torch.Tensor, pre: Callable) -> None:
         for a, b in _chunks(h.shape[1], max(1, TOKENS // self.w_up.out_features)):
             s = pre(h[:, a:b])
-            h[:, a:b] += self.w_down(F.silu(self.w_gate(s)) * self.w_up(s))
+            add_linear(h[:, a:b], F.silu(self.w_gate(s), inplace=True).mul_(self.w_up(s)), self.w_down)
 
 
 class _Local(Seam, nn.Module):
@@ -275,7 +288,7 @@ class DiffusionBlock(_Local):
         mod = modulation + self.scale_shift_table[None]          # [B, chunks, C]
         scale_msa, shift_msa, scale_mlp, shift_mlp = (mod[:, i, None] for i in (0, 1, 3, 4))
         for a, b in _chunks(h.shape[1], max(1, TOKENS // dim)):
-            h[:, a:b] += self.context_proj(context[:, a:b])
+            add_linear(h[:, a:b], context[:, a:b], self.context_proj)
         self.attn.add_to(h, grid, lambda s: modulate(self.norm1(s), scale_msa, shift_msa), region_origin(x))
         self.mlp.add_to(h, lambda s: modulate(self.norm2(s), scale_mlp, shift_mlp))
         return _grid(tokens)

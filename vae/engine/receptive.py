@@ -86,10 +86,12 @@ def probe(fn: Fn, model: nn.Module, x: torch.Tensor) -> list[Event]:
     """Run ``fn(x, model)`` once (a tiny input, as a whole clip) and record the events above with their
     input sizes. Modules inside a whole module are not recorded (they run on the whole tensor).
 
-    The hooks go on a private copy of the module tree (same storage, no extra memory), never on the
-    shared model; events name the shared model's modules."""
+    The hooks go on a private copy of the module tree on the meta device (shapes only: no memory, no
+    arithmetic; LTX-2.5's stage 5 at 4 x 4 latents costs a tenth of a 384 x 512 decode run for real),
+    never on the shared model; events name the shared model's modules."""
     from .guard import eager_copy
-    shadow = eager_copy(model, lambda t: t)
+    shadow = eager_copy(model, lambda t: t.to("meta"))
+    x = x.to("meta")
     original = dict(zip(shadow.modules(), model.modules()))
     events: list[Event] = []
     inside = [0]

@@ -153,14 +153,13 @@ def neighborhood_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
                     largest = max(largest, region + per * min(len(run), max(1, BUDGET // per)))
                 continue
             qr, kr, vr = (_columns(x[:, r[0], r[1]]) for x, r in ((q, rows), (k, keys), (v, keys)))
-            o = torch.empty_like(qr)
+            o = out[:, rows[0], rows[1]]              # [B, t, h, W, heads, dim]: written block by block
             for run in w_runs:
                 mask = _MASKS((run[0], tb, hb), q.dtype, q.device)
                 per = batch * heads * (run[0].nq * nq * run[0].nk * nk + run[0].nq * nq * dim)   # scores, out
                 step = max(1, BUDGET // per)
                 for g0 in range(0, len(run), step):
                     _attend(qr, kr, vr, o, run[g0:g0 + step], nq, nk, mask)
-            out[:, rows[0], rows[1]] = o.unflatten(1, (dims[2], tb.nq, hb.nq)).permute(0, 2, 3, 1, 4, 5)
             del qr, kr, vr, o
     if q.device.type == "meta":       # shapes only: the largest call's temporaries, for the memory tracker
         torch.empty(largest, dtype=q.dtype, device="meta")
@@ -176,14 +175,16 @@ def _columns(x: torch.Tensor) -> torch.Tensor:
 def _attend(qr, kr, vr, o, run: list[_Block], nq: int, nk: int, mask: torch.Tensor) -> None:
     """Blocks ``run`` (evenly spaced along W, one geometry) of one (T, H) block row, in one call per batch
     item: the queries' and the keys' columns are strided views of the row (``_columns``), the keys of
-    neighbouring blocks overlapping."""
+    neighbouring blocks overlapping. The outputs go straight to the row's place ``o`` [B, t, h, W, heads,
+    dim] (a strided view of the result)."""
     g, bw, lw = len(run), run[0].nq, run[0].nk
     w0, r0 = run[0].q, run[0].kv
+    _, t, h, _, heads, dim = o.shape
     for i in range(qr.shape[0]):
         def view(x, first, width, per):     # blocks of ``width`` columns every ``bw`` from ``first``
-            heads, dim = x.shape[2:]
             return x[i].as_strided((g, heads, width * per, dim), (bw * per * heads * dim, dim, heads * dim, 1),
                                    x[i].storage_offset() + first * per * heads * dim)
         y = F.scaled_dot_product_attention(view(qr, w0, bw, nq), view(kr, r0, lw, nk), view(vr, r0, lw, nk),
                                            attn_mask=mask, scale=1.0)
-        view(o, w0, bw, nq).copy_(y)
+        dst = o[i, :, :, w0:w0 + g * bw].unflatten(2, (g, bw)).permute(2, 4, 3, 0, 1, 5)    # [g, heads, bw, t, h, dim]
+        dst.copy_(y.view(g, heads, bw, t, h, dim))
