@@ -249,8 +249,9 @@ def test_a_planned_call_logs_its_plan_and_gives_the_exact_result(loaded, caplog)
 
 
 def test_the_cpu_allocator_is_trimmed_only_past_the_calls_limit(monkeypatch):
-    """``keep_within`` trims when the resident memory is over the call's limit and has grown by a
-    sixteenth of it since the last trim; outside ``host_limit`` (or on another device) never."""
+    """``keep_within`` trims when the resident memory is past seven eighths of the call's limit and has
+    grown by a thirty-second of it since the last trim; outside ``host_limit`` (or on another device)
+    never."""
     rss, trims = [1000], []
     monkeypatch.setattr(memory, "_resident", lambda: rss[0])
     monkeypatch.setattr(memory, "trim", lambda: trims.append(rss[0]))
@@ -262,10 +263,10 @@ def test_the_cpu_allocator_is_trimmed_only_past_the_calls_limit(monkeypatch):
     rss[0] = 1000
     with memory.host_limit(160, CPU):          # trims once at the start: the call's base
         assert trims == [1000]
-        for r in (1100, 1160, 1161, 1165, 1171, 1172, 1150):
+        for r in (1100, 1140, 1141, 1145, 1146, 1147, 1130):
             rss[0] = r
             memory.keep_within()
-    assert trims == [1000, 1161, 1172]
+    assert trims == [1000, 1141, 1147]
     rss[0] = 9000
     memory.keep_within()
     assert len(trims) == 3

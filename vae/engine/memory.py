@@ -175,12 +175,13 @@ def host_limit(limit: int, device: torch.device) -> Iterator[None]:
 
 def keep_within() -> None:
     """At a point an engine passes often (the stage engine's re-cut points): trim the C allocator if the
-    call's resident memory is over its limit (``host_limit``) and has grown since the last trim."""
+    call's resident memory is near its limit (``host_limit``) and has grown since the last trim."""
     h = _HOST_LIMIT.get()
     if h is None:
         return
     rss = _resident()
-    if rss is not None and rss - h.base > h.limit and rss > h.after + (h.limit >> 4):
+    # from seven eighths of the limit on: a stretch between two checks grows before it is seen
+    if rss is not None and rss - h.base > h.limit - (h.limit >> 3) and rss > h.after + (h.limit >> 5):
         trim()
         h.after = _resident() or rss
 
