@@ -324,7 +324,7 @@ class _Stages:
         self.maps_in: Optional[_Maps] = None
         self.maps_out: Optional[_Maps] = None
         self.shared: Optional[_Shared] = None     # one process: tiles share their halos (``_Shared``)
-        self.replayed: dict = {}                  # (event, chunk, input shape) -> output shape (``replay``)
+        self.replayed: dict = {}                  # (event, chunk, input shape, dtype) -> output's (``replay``)
 
     def place(self, tile: Tile, stage: Stage, i: Optional[int], scales, size) -> None:
         """Set ``tile``'s extent at the start of the segment at event ``i`` (None: the input)."""
@@ -343,16 +343,16 @@ class _Stages:
         """Seam ``i`` before a stage's start, on the tiny replay input. Its values are never read (the
         start replaces the flowing tensor, and nothing else is live across a separator), only its shape:
         it runs once per event, chunk and input shape in a call, and after that one whose output had its
-        input's shape passes its input through. Otherwise every tile of every stage would rerun every
-        earlier block on the tiny input (LTX-2.5's 24 separators: as many tokens as one pass at 17 x 256
-        x 256 with 128 px tiles). A skipped module's stream state is never read: it is skipped in every
-        later replay of that chunk too."""
-        key = (i, chunk, tuple(x.shape))
-        if self.replayed.get(key) == key[2]:
+        input's shape and dtype passes its input through. Otherwise every tile of every stage would rerun
+        every earlier block on the tiny input (LTX-2.5's 24 separators: as many tokens as one pass at
+        17 x 256 x 256 with 128 px tiles). A skipped module's stream state is never read: it is skipped
+        in every later replay of that chunk too."""
+        key = (i, chunk, tuple(x.shape), x.dtype)
+        if self.replayed.get(key) == key[2:]:
             return x
         with _plain():
             y = forward(x)
-        self.replayed[key] = tuple(y.shape)
+        self.replayed[key] = (tuple(y.shape), y.dtype)
         return y
 
     def forward(self, body: runstate.Body, x: torch.Tensor) -> torch.Tensor:
