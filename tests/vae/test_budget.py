@@ -248,7 +248,7 @@ def test_a_planned_call_logs_its_plan_and_gives_the_exact_result(loaded, caplog)
     assert "exact" in line and "px tiles" in line and "budget" in line and "output" in line
 
 
-def test_the_cpu_allocator_is_trimmed_only_past_the_calls_limit(monkeypatch):
+def test_the_cpu_allocator_is_trimmed_only_near_the_calls_limit(monkeypatch):
     """``keep_within`` trims when the resident memory is past seven eighths of the call's limit and has
     grown by a thirty-second of it since the last trim; outside ``host_limit`` (or on another device)
     never."""

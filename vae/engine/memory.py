@@ -157,7 +157,7 @@ def host_limit(limit: int, device: torch.device) -> Iterator[None]:
     32 MiB: a tile's activations) from its heap and gives freed ones back only above the highest block
     still alive or when trimmed, so between trims an exact run's resident memory outgrows its live bytes
     (measured, Wan 2.1 256x384x9 in 80 px tiles: 531 MiB resident at the peak with 110 MiB alive). A
-    trim costs a page walk; it runs only when the excess crosses the limit."""
+    trim costs a page walk; it runs only near the limit."""
     if torch.device(device).type != "cpu":
         yield
         return

@@ -20,10 +20,10 @@ A later stage re-enters the model's own forward (no model code changes): the lay
 stage's start run on a tiny input (one aligned latent pixel or two, through the tile's own tiny
 stream state; a separator whose output keeps its input's shape runs there once per call, then passes
 its input through: ``_Stages.replay``), and at the start the flowing tensor is replaced by the tile's
-slice of the map; at the
-stage's end the tile hands over its core and the forward is unwound. Nothing else may be live across a
-separator (a module's residual input): the classes that declare ``exact_whole`` / ``exact_boundary``
-promise that, and the first stage that breaks it fails loudly on a shape.
+slice of the map; at the stage's end the tile hands over its core and the forward is unwound.
+Nothing else may be live across a separator (a module's residual input): the classes that declare
+``exact_whole`` / ``exact_boundary`` promise that, and the first stage that breaks it fails loudly on
+a shape.
 
 Memory: one tile's activations and caches on the compute device, two maps at latent resolution per
 chunk on the offload device, the output on the intermediate device.
