@@ -239,7 +239,7 @@ def test_an_encode_that_fits_no_budget_names_the_frames_and_the_smallest_budget(
 
 def test_a_planned_call_logs_its_plan_and_gives_the_exact_result(loaded, caplog):
     v = loaded["wan"]
-    z = torch.randn(1, 16, 5, 24, 24)
+    z = torch.randn(1, 16, 5, 32, 24)
     smallest = budget.predict(v, v.call_for("decode", z.shape, tile=64, mode="exact", tile_frames=4), CPU, CPU)
     with caplog.at_level(logging.INFO, logger="VAEKit"):
         out = v.decode(z, mode="exact", budget=budget.on_device(smallest, CPU, CPU, CPU) * 11 // 10)
@@ -277,7 +277,7 @@ def test_a_budgeted_call_on_the_cpu_holds_the_allocator_to_its_plan(loaded, monk
     points against the plan's prediction (vae/engine/memory.py: host_limit); the planner's dry runs
     before it check against nothing."""
     v = loaded["wan"]
-    z = torch.randn(1, 16, 3, 24, 24)
+    z = torch.randn(1, 16, 3, 32, 24)
     limits = []
     monkeypatch.setattr(memory, "keep_within", lambda: limits.append(memory._HOST_LIMIT.get()))
     smallest = budget.predict(v, v.call_for("decode", z.shape, tile=64, mode="exact", tile_frames=4), CPU, CPU)

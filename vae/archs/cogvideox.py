@@ -138,7 +138,8 @@ class ConditionedResnet(ResnetBlock):
         c = self.norm1.norm_layer.num_channels
         x, z = x[:, :c], x[:, c:]
         h = self.conv1(F.silu(self.norm1(x, z), inplace=True))
-        h = self.conv2(F.silu(self.norm2(h, z), inplace=True))
+        h = F.silu(self.norm2(h, z), inplace=True)      # conv1's output goes before conv2 runs
+        h = self.conv2(h)
         skip = x if self.nin_shortcut is None else self.nin_shortcut(x)
         return _join(h.add_(skip), z)
 

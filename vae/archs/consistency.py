@@ -90,7 +90,8 @@ class TimeResnet(nn.Module):
         h = self.conv1(self._resample(F.silu(self.norm1(x), inplace=True)))
         x = self._resample(x)
         scale, shift = self.time_emb_proj(temb)[:, :, None, None].chunk(2, dim=1)
-        h = self.conv2(F.silu(self.norm2(h).mul_(1 + scale).add_(shift), inplace=True))
+        h = F.silu(self.norm2(h).mul_(1 + scale).add_(shift), inplace=True)     # conv1's output goes
+        h = self.conv2(h)
         skip = x if self.conv_shortcut is None else self.conv_shortcut(x)
         return h.add_(skip)
 

@@ -8,7 +8,7 @@ attention and resamplers (``Ops`` and the resampler factories); the wiring is wr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -48,11 +48,26 @@ class Level(nn.Module):
         if resample is not None:
             self.add_module(resample_name, resample)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        for block in self.block:
-            h = block(h)
+    def steps(self) -> list[nn.Module]:
+        """What it runs, in order (``chain``); a level whose input lives across its blocks (a
+        shortcut) returns ``[self]``."""
         resample = getattr(self, self._resample, None)
-        return h if resample is None else resample(h)
+        return [*self.block, *([resample] if resample is not None else [])]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for step in Level.steps(self):
+            h = step(h)
+        return h
+
+
+def chain(*modules: Optional[nn.Module]) -> Iterator[nn.Module]:
+    """The modules to run one after another, levels and mid blocks opened into their steps. A
+    caller's ``h = module(h)`` keeps ``module``'s input alive until the module returns, so a level
+    called whole would hold its input through every block; looping over its steps, the caller holds
+    only the current step's input (one activation map less at each level's peak)."""
+    for m in modules:
+        if m is not None:
+            yield from m.steps() if hasattr(m, "steps") else [m]
 
 
 # (level index, resnets, resampler or None, resampler name) -> the level (a family may add a shortcut)
@@ -87,10 +102,8 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(x)
-        for level in self.down:
-            h = level(h)
-        if self.mid is not None:
-            h = self.mid(h)
+        for step in chain(*self.down, self.mid):
+            h = step(h)
         out = self.conv_out(F.silu(self.norm_out(h), inplace=True))
         return out.add_(h.unflatten(1, (out.shape[1], -1)).mean(2)) if self.head_shortcut else out
 
@@ -124,9 +137,8 @@ class Decoder(nn.Module):
         h = self.conv_in(z)
         if self.latent_shortcut:
             h = h.add_(z.repeat_interleave(h.shape[1] // z.shape[1], dim=1))
-        h = self.mid(h)
-        for level in reversed(self.up):
-            h = level(h)
+        for step in chain(self.mid, *reversed(self.up)):
+            h = step(h)
         return self.conv_out(F.silu(self.norm_out(h), inplace=True))
 
 

@@ -166,6 +166,9 @@ class ResidualLevel(Seam, Streamable, ldm.Level):
         self.cin, self.cout, self.ft, self.fs = cin, cout, ft, fs
         self.up = name == "upsample"
 
+    def steps(self) -> list[nn.Module]:
+        return [self]       # the shortcut reads the level's input after its blocks
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
         if x.dim() == 4:

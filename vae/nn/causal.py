@@ -78,18 +78,25 @@ class CausalConv3d(Streamable, nn.Conv3d):
             return x.new_zeros(*x.shape[:2], p, *x.shape[3:])
         return x[:, :, :1].expand(-1, -1, p, -1, -1)
 
-    def pad_time(self, x: torch.Tensor, memory: Optional[dict] = None) -> torch.Tensor:
+    def pad_time(self, x: torch.Tensor, memory: Optional[dict] = None, space: bool = False) -> torch.Tensor:
         """``x`` padded (or, in a stream whose state is ``memory``, preceded by the frames kept from
-        the chunks before) so that the conv gives exactly the frames of one pass."""
+        the chunks before) so that the conv gives exactly the frames of one pass. ``space`` (a stream
+        only): padded in space too, in the same copy."""
         if memory is not None:
             if self.time_pad == "symmetric":
                 raise RuntimeError("a non-causal (symmetric) conv cannot run chunk by chunk")
             head = memory.get(self)
             head = self._front(x) if head is None else head
-            x = torch.cat([head, x], dim=2) if head.shape[2] else x
+            n = head.shape[2] + x.shape[2]
             # keep every frame from the first window not produced yet
-            n_out = max(0, (x.shape[2] - self.time_span - 1) // self.stride[0] + 1)
-            memory[self] = x[:, :, n_out * self.stride[0]:].clone()
+            keep = max(0, (n - self.time_span - 1) // self.stride[0] + 1) * self.stride[0]
+            if space:
+                x = self._joined(head, x)
+                ph, pw = self._hw_pad
+                memory[self] = x[:, :, keep:, ph:x.shape[3] - ph, pw:x.shape[4] - pw].clone()
+                return x
+            x = torch.cat([head, x], dim=2) if head.shape[2] else x
+            memory[self] = x[:, :, keep:].clone()
             return x
         p = self.time_span
         if p == 0 or self.time_pad == "valid":
@@ -107,15 +114,38 @@ class CausalConv3d(Streamable, nn.Conv3d):
             # first-frame copies are replicate padding in time: one pad for all three axes
             # (measured 3x faster than a concatenation followed by a spatial pad)
             return super().forward(F.pad(x, self._replicate[:4] + (self.time_span, 0), mode="replicate"))
-        x = self.pad_time(x, memory)
+        hw = x.shape[-2:]
+        joined = memory is not None and self._replicate is not None and min(hw) > max(self._hw_pad)
+        x = self.pad_time(x, memory, space=joined)
         if x.shape[2] < self.time_span + 1:      # a stream chunk too short to complete a window
-            return x.new_empty(x.shape[0], self.out_channels, 0, *self._spatial_out(x.shape[-2:]))
-        if self._replicate is not None:
+            return x.new_empty(x.shape[0], self.out_channels, 0, *self._spatial_out(hw))
+        if self._replicate is not None and not joined:
             mode = self.spatial_pad
             if mode == "reflect" and min(x.shape[-2:]) <= max(self._hw_pad):
                 mode = "replicate"      # a 1-pixel side has nothing to reflect
             x = F.pad(x, self._replicate, mode=mode)
         return super().forward(x)
+
+    def _joined(self, head: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``head`` and ``x`` one after the other in time, padded in space (replicate or reflect): one
+        tensor written once, where a concatenation and then ``F.pad`` would hold two copies (the
+        peak of a stream through HunyuanVideo's and Mochi's convolutions)."""
+        (ph, pw), (h, w), t = self._hw_pad, x.shape[-2:], head.shape[2]
+        out = x.new_empty(*x.shape[:2], t + x.shape[2], h + 2 * ph, w + 2 * pw)
+        out[:, :, :t, ph:ph + h, pw:pw + w] = head
+        out[:, :, t:, ph:ph + h, pw:pw + w] = x
+        rows, cols = slice(pw, pw + w), slice(None)
+        if self.spatial_pad == "replicate":       # edges copied outwards: rows first, then whole columns
+            out[:, :, :, :ph, rows] = out[:, :, :, ph:ph + 1, rows]
+            out[:, :, :, ph + h:, rows] = out[:, :, :, ph + h - 1:ph + h, rows]
+            out[:, :, :, cols, :pw] = out[:, :, :, cols, pw:pw + 1]
+            out[:, :, :, cols, pw + w:] = out[:, :, :, cols, pw + w - 1:pw + w]
+        else:                                     # reflect: mirrored about the edge, the edge not repeated
+            out[:, :, :, :ph, rows] = out[:, :, :, ph + 1:2 * ph + 1, rows].flip(3)
+            out[:, :, :, ph + h:, rows] = out[:, :, :, h - 1:ph + h - 1, rows].flip(3)
+            out[:, :, :, cols, :pw] = out[:, :, :, cols, pw + 1:2 * pw + 1].flip(4)
+            out[:, :, :, cols, pw + w:] = out[:, :, :, cols, w - 1:pw + w - 1].flip(4)
+        return out
 
     def _spatial_out(self, hw) -> tuple[int, int]:
         rep = self._replicate or (0,) * 6

@@ -110,7 +110,7 @@ class ChannelRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * torch.rsqrt(x.float().square().mean(1, keepdim=True) + self.eps).to(x.dtype)
         if self.weight is not None:
-            y = y * self.weight.reshape(1, -1, *([1] * (x.dim() - 2)))
+            y = y.mul_(self.weight.reshape(1, -1, *([1] * (x.dim() - 2))))
         return y
 
 
@@ -126,7 +126,7 @@ class ChannelL2Norm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.normalize(x.float() if x.dtype != torch.float64 else x, dim=1).to(x.dtype)
-        return y * (self.gamma * self.scale)
+        return y.mul_(self.gamma * self.scale)      # y is normalize's own: one map, not two
 
 
 class ChannelLayerNorm(nn.LayerNorm):

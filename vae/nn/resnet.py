@@ -44,9 +44,11 @@ class ResnetBlock(Seam, nn.Module):
         self.nin_shortcut = shortcut(cin, cout) if cin != cout else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # SiLU in place on the fresh norm outputs: saves one activation map per block.
+        # SiLU in place on the fresh norm outputs: saves one activation map per block; h rebound to
+        # norm2's output before conv2 runs, so conv1's output is gone while conv2 works.
         h = self.conv1(F.silu(self.norm1(x), inplace=True))
-        h = self.conv2(F.silu(self.norm2(h), inplace=True))
+        h = F.silu(self.norm2(h), inplace=True)
+        h = self.conv2(h)
         skip = x if self.nin_shortcut is None else self.nin_shortcut(x)
         return h.add_(skip)
 
@@ -62,8 +64,11 @@ class MidBlock(nn.Module):
         self.attn_1 = attention
         self.block_2 = block(channels, channels, groups, eps, conv, norm=norm)
 
+    def steps(self) -> list[nn.Module]:
+        """What it runs, in order (``ldm.chain``)."""
+        return [m for m in (self.block_1, self.attn_1, self.block_2) if m is not None]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.block_1(x)
-        if self.attn_1 is not None:
-            x = self.attn_1(x)
-        return self.block_2(x)
+        for step in self.steps():
+            x = step(x)
+        return x
