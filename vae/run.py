@@ -7,7 +7,8 @@ modules read it. Two threads (or an exact run's tile threads) each see their own
 fails or is interrupted leaves nothing behind, because its state goes with its context.
 
 - ``stream(memory)``: run a clip chunk by chunk. ``memory`` (a dict, one per stream) holds each
-  stateful module's state between chunks, keyed by the module (``Streamable.recall/remember``).
+  stateful module's state between chunks, keyed by the module (``Streamable.recall/remember``), and
+  ``FINAL`` once the last chunk is on its way.
 - ``Run.exact``: the exact-tiling hooks of the tile this thread runs (vae/engine/exact.py): GroupNorm
   statistics and the ``Seam`` modules (re-cut points and whole-tensor modules) call into it.
 - ``Run.place``: where a fast tile lies in the whole map (vae/engine/tiling.py), for noise drawn inside a
@@ -83,6 +84,11 @@ def stream(memory: Optional[dict] = None):
     """Run the calls in the block as consecutive chunks of one clip; ``memory`` (a new dict if None)
     holds the stream's state. Leaving the block ends the stream (its state is dropped with the dict)."""
     return using(replace(current(), memory={} if memory is None else memory))
+
+
+# A stream memory key: the loop sets it before the clip's last chunk, after which no module's state is
+# read again, so the causal caches are dropped as they are used instead of kept (a short clip's peak).
+FINAL = "final chunk"
 
 
 def streaming() -> bool:

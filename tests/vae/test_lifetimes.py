@@ -63,3 +63,33 @@ def test_a_stream_pads_time_and_space_in_one_copy(mode, kernel):
         with run.using(run.Run()), run.stream():
             parts = [conv(clip[:, :, a:b]) for a, b in ((0, 1), (1, 4), (4, 9), (9, 11))]
     torch.testing.assert_close(torch.cat(parts, 2), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_the_last_chunk_of_a_stream_drops_each_cache_as_it_reads_it():
+    conv = CausalConv3d(2, 3, 3, spatial_pad="replicate").eval()
+    clip = torch.randn(1, 2, 9, 6, 6)
+    memory: dict = {}
+    with torch.inference_mode():
+        whole = conv(clip)
+        with run.using(run.Run()), run.stream(memory):
+            first = conv(clip[:, :, :5])
+            assert conv in memory
+            memory[run.FINAL] = True
+            last = conv(clip[:, :, 5:])
+    assert conv not in memory
+    torch.testing.assert_close(torch.cat([first, last], 2), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_a_streamed_call_marks_its_last_chunk():
+    from vae.engine import streaming, tiling
+    finals = []
+
+    def fn(x):
+        finals.append(run.current().memory.get(run.FINAL, False))
+        return x
+    x = torch.randn(1, 2, 7, 4, 4)
+    chunks = streaming.chunk_spans(7, 1, 3)            # 1 + 3 + 3 frames
+    whole = [tiling.plan_axis(4, 4, 0)] * 2
+    out = streaming.run_streamed(fn, torch.nn.Identity(), x, chunks, chunks, whole, (1, 1), (1, 1), 2, 7,
+                                 torch.device("cpu"))
+    assert finals == [False, False, True] and torch.equal(out, x)

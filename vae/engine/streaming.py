@@ -44,7 +44,8 @@ def run_streamed(fn: Fn, model: torch.nn.Module, x: torch.Tensor, in_chunks: Seq
 
     Each spatial tile's stream keeps its caches in a memory of its own (``vae.run.stream``), held by
     this call only and dropped when the tile's stream ends, also on an interrupt (``progress``
-    raising); the partial output is dropped with the exception. A chunk's frames are copied out
+    raising); the partial output is dropped with the exception. Its last chunk is marked
+    (``run.FINAL``): the caches go as they are read. A chunk's frames are copied out
     (asynchronously from a GPU, vae/engine/transfer.py) while the next chunk runs."""
     b = x.shape[0]
     out = torch.zeros(b, out_channels, out_frames, *(p.length * s for p, s in zip(spatial, out_scale)),
@@ -58,8 +59,11 @@ def run_streamed(fn: Fn, model: torch.nn.Module, x: torch.Tensor, in_chunks: Seq
         src_hw = tuple(slice(a * s, b_ * s) for (a, b_), s in zip(spans, in_scale))
         dst_hw = tuple(slice(a * s, b_ * s) for (a, b_), s in zip(spans, out_scale))
         w = weights[0][idx[0]].reshape(-1, 1) * weights[1][idx[1]].reshape(1, -1)
-        with run.stream():
-            for (a, b_), (oa, ob) in zip(in_chunks, out_chunks):
+        memory: dict = {}
+        with run.stream(memory):
+            for i, ((a, b_), (oa, ob)) in enumerate(zip(in_chunks, out_chunks)):
+                if i == len(in_chunks) - 1:
+                    memory[run.FINAL] = True
                 y = fn(x[(slice(None), slice(None), slice(a, b_)) + src_hw])
                 if y.shape[2] != ob - oa:
                     raise RuntimeError(f"a chunk gave {y.shape[2]} frames, expected {ob - oa}")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..run import Streamable, current
+from ..run import FINAL, Streamable, current
 
 Size3 = Union[int, tuple[int, int, int]]
 TIME_PADS = ("causal", "causal_zeros", "valid", "symmetric")
@@ -85,7 +85,8 @@ class CausalConv3d(Streamable, nn.Conv3d):
         if memory is not None:
             if self.time_pad == "symmetric":
                 raise RuntimeError("a non-causal (symmetric) conv cannot run chunk by chunk")
-            head = memory.get(self)
+            final = memory.get(FINAL, False)        # nothing reads the cache again: it goes now
+            head = memory.pop(self, None) if final else memory.get(self)
             head = self._front(x) if head is None else head
             n = head.shape[2] + x.shape[2]
             # keep every frame from the first window not produced yet
@@ -93,10 +94,12 @@ class CausalConv3d(Streamable, nn.Conv3d):
             if space:
                 x = self._joined(head, x)
                 ph, pw = self._hw_pad
-                memory[self] = x[:, :, keep:, ph:x.shape[3] - ph, pw:x.shape[4] - pw].clone()
+                if not final:
+                    memory[self] = x[:, :, keep:, ph:x.shape[3] - ph, pw:x.shape[4] - pw].clone()
                 return x
             x = torch.cat([head, x], dim=2) if head.shape[2] else x
-            memory[self] = x[:, :, keep:].clone()
+            if not final:
+                memory[self] = x[:, :, keep:].clone()
             return x
         p = self.time_span
         if p == 0 or self.time_pad == "valid":
