@@ -91,6 +91,19 @@ def stream(memory: Optional[dict] = None):
 FINAL = "final chunk"
 
 
+@contextlib.contextmanager
+def replaying() -> Iterator[None]:
+    """Earlier chunks run again inside the last one (the NaN guard's upcast re-stream, vae/engine/guard.py):
+    they rebuild caches the last chunk then reads, so they are not final."""
+    memory = current().memory
+    final = memory.pop(FINAL, None) if memory is not None else None
+    try:
+        yield
+    finally:
+        if final is not None:
+            memory[FINAL] = final
+
+
 def streaming() -> bool:
     """Whether this call runs a clip chunk by chunk (a later chunk is r*k frames, not 1 + r*k)."""
     return current().memory is not None

@@ -42,6 +42,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from .. import run as runstate
 from ..errors import NonFiniteError
 
 
@@ -238,8 +239,9 @@ class Guard:
         copy's modules have no state in this stream yet: it starts from the first chunk."""
         m = self._copy(self._ladder[rung])
         self._stream = (rung, m)
-        for t in before:
-            self.fn(t, m)
+        with runstate.replaying():
+            for t in before:
+                self.fn(t, m)
         return m
 
     def _end_stream(self) -> None:
