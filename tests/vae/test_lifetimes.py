@@ -1,7 +1,8 @@
 """What a forward keeps alive: the LDM skeleton drops each activation map as soon as nothing reads it
 (a level's input once its first block returned, a resnet's first conv output before its second conv
-runs), and a streamed conv pads time and space in one copy. Each of these is one activation map of the
-peak (one pass of HunyuanVideo 1.5 at 480x848: 14.3 GiB live -> 10.7 GiB together)."""
+runs), a streamed conv pads time and space in one copy, and a stream's last chunk keeps no caches. The
+first three are each one activation map of the peak (one pass of HunyuanVideo 1.5 at 480x848: 14.3 GiB
+live -> 10.7 GiB together; the last chunk's caches: 10.3 GiB)."""
 from __future__ import annotations
 
 import weakref
