@@ -94,3 +94,20 @@ def test_a_streamed_call_marks_its_last_chunk():
     out = streaming.run_streamed(fn, torch.nn.Identity(), x, chunks, chunks, whole, (1, 1), (1, 1), 2, 7,
                                  torch.device("cpu"))
     assert finals == [False, False, True] and torch.equal(out, x)
+
+
+def test_ltx_encoders_resnet_groups_run_resnet_by_resnet():
+    """LTX's encoder runs its groups' resnets as steps of its own loop (a group called whole would hold
+    its input through every resnet); a timestep-conditioned decoder group runs whole."""
+    from video_families import tiny_state_dict
+    from vae import from_state_dict
+    from vae.archs import ltx
+    from vae.nn.steps import chain
+    encoder = from_state_dict(tiny_state_dict("ltx")).model.encoder
+    steps = list(chain(*encoder.down_blocks))
+    assert not any(isinstance(s, ltx.ResGroup) for s in steps)
+    assert sum(isinstance(s, ltx.ResBlock) for s in steps) == sum(
+        len(b.res_blocks) if isinstance(b, ltx.ResGroup) else isinstance(b, ltx.ResBlock) for b in encoder.down_blocks)
+    from vae.archs.ltx_config import Block
+    timed = ltx.ResGroup(Block("res", 8, 8, layers=2, timestep=True), lambda i, o: CausalConv3d(i, o, 3))
+    assert timed.steps() == [timed]

@@ -8,7 +8,7 @@ attention and resamplers (``Ops`` and the resampler factories); the wiring is wr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,7 @@ from torch import nn
 from ..files.keymap import count_indices, linear_to_conv1x1, rename
 from ..nn import posterior as gaussian
 from ..nn.resnet import ConvFactory, MidBlock, NormFactory, ResnetBlock
+from ..nn.steps import chain
 
 # (level index, channels) -> the level's resampler, or None for a level without one. A resampler
 # that changes the width says so in ``out_channels`` (the next level's blocks start from it).
@@ -59,15 +60,6 @@ class Level(nn.Module):
             h = step(h)
         return h
 
-
-def chain(*modules: Optional[nn.Module]) -> Iterator[nn.Module]:
-    """The modules to run one after another, levels and mid blocks opened into their steps. A
-    caller's ``h = module(h)`` keeps ``module``'s input alive until the module returns, so a level
-    called whole would hold its input through every block; looping over its steps, the caller holds
-    only the current step's input (one activation map less at each level's peak)."""
-    for m in modules:
-        if m is not None:
-            yield from m.steps() if hasattr(m, "steps") else [m]
 
 
 # (level index, resnets, resampler or None, resampler name) -> the level (a family may add a shortcut)

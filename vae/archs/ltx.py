@@ -47,6 +47,7 @@ from ..nn.noise import region_randn
 from ..nn.causal import CausalConv3d, depth_to_space, space_to_depth
 from ..nn.norm import ChannelLayerNorm, ChannelRMSNorm
 from ..nn.resnet import ResnetBlock
+from ..nn.steps import chain
 from ..run import Seam, Streamable, boundary
 from ..spec import ArchSpec, Capabilities
 from . import ltx_layout
@@ -147,6 +148,12 @@ class ResGroup(nn.Module):
         self.time_embedder = TimeEmbedder(4 * b.cin) if b.timestep else None
         self.res_blocks = nn.ModuleList(ResBlock(b.cin, b.cin, conv, b.noise, b.timestep) for _ in range(b.layers))
 
+    def steps(self) -> list[nn.Module]:
+        """Its resnets, where they need nothing but the map (``vae/nn/steps.py``: the encoder's); a group
+        with a timestep or noise runs whole."""
+        plain = self.time_embedder is None and all(b.per_channel_scale1 is None for b in self.res_blocks)
+        return list(self.res_blocks) if plain else [self]
+
     def forward(self, x: torch.Tensor, t: Optional[torch.Tensor] = None,
                 gen: Optional[torch.Generator] = None) -> torch.Tensor:
         emb = None
@@ -233,8 +240,8 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(patchify(x, self.patch_size))
-        for block in self.down_blocks:
-            h = block(h)
+        for step in chain(*self.down_blocks):
+            h = step(h)
         return self.conv_out(F.silu(self.norm_out(h), inplace=True))
 
 

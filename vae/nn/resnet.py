@@ -65,7 +65,7 @@ class MidBlock(nn.Module):
         self.block_2 = block(channels, channels, groups, eps, conv, norm=norm)
 
     def steps(self) -> list[nn.Module]:
-        """What it runs, in order (``ldm.chain``)."""
+        """What it runs, in order (``vae/nn/steps.py``)."""
         return [m for m in (self.block_1, self.attn_1, self.block_2) if m is not None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
