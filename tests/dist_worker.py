@@ -8,17 +8,19 @@ of each case to ``DIR/status.<rank>.json``; a case may inject a failure or an in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+import apart  # noqa: E402
 import vae  # noqa: E402
 from vae.engine import distributed  # noqa: E402
 
@@ -44,13 +46,22 @@ def main() -> None:
     for name in ("--init", "--cases", "--out"):
         p.add_argument(name, required=True)
     p.add_argument("--timeout", type=float, default=120)
+    p.add_argument("--apart", action="store_true", help="compute on the stand-in CUDA device (tests/apart.py), "
+                   "the group as NCCL: collectives take device tensors only")
     a = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world,
                             timeout=datetime.timedelta(seconds=a.timeout))
+    with apart.nccl() if a.apart else contextlib.nullcontext():
+        run(a)
+    dist.destroy_process_group()
+
+
+def run(a) -> None:
+    device = "cuda" if a.apart else "cpu"
     out, status, models, totals = Path(a.out), {}, {}, {}
     for case in json.loads(Path(a.cases).read_text()):
-        v = models.get(case["vae"]) or models.setdefault(case["vae"], vae.load(case["vae"]))
+        v = models.get(case["vae"]) or models.setdefault(case["vae"], vae.load(case["vae"], device=device))
         x = load_file(case["input"])["x"]
         try:
             with distributed.ranks():
@@ -61,7 +72,6 @@ def main() -> None:
         except BaseException as e:    # noqa: BLE001 - reported to the test, which decides
             status[case["name"]] = f"{type(e).__name__}: {e}"
     (out / f"status.{a.rank}.json").write_text(json.dumps({"status": status, "steps": totals}, indent=1))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from . import checks
-from .engine import defined, exact, guard, memory, streaming, tiling
+from .engine import defined, exact, guard, memory, streaming, tiling, transfer
 from .files import latents
 from .nn import posterior as gaussian
 from .errors import InputError
@@ -279,6 +279,12 @@ class VAE:
             "decode", options, tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device)
         _, frames_in_batch = self._as_clip(z)
         z = self.check_latent(z)
+        with transfer.releasing(self.device):
+            return self._decode(z, options, progress, out_device, tile, overlap, tile_frames, overlap_frames, mode,
+                                budget, offload, frames_in_batch)
+
+    def _decode(self, z, options, progress, out_device, tile, overlap, tile_frames, overlap_frames, mode, budget,
+                offload, frames_in_batch) -> torch.Tensor:
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
             return defined.decode(self, z, options, progress, out_device, budget, tile=tile, overlap=overlap,
                                   tile_frames=tile_frames, overlap_frames=overlap_frames)
@@ -480,6 +486,12 @@ class VAE:
                              "a log-variance.", input="posterior",
                              fix="encode without posterior (its latent is already deterministic), or use a VAE "
                                  "with a Gaussian posterior (a KL VAE, Wan, LTX, HunyuanVideo, ...).")
+        with transfer.releasing(self.device):
+            return self._encode(x, progress, out_device, tile, overlap, tile_frames, overlap_frames, mode, budget,
+                                offload, posterior, frames_in_batch, options)
+
+    def _encode(self, x, progress, out_device, tile, overlap, tile_frames, overlap_frames, mode, budget, offload,
+                posterior, frames_in_batch, options):
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
             z = defined.encode(self, x, progress, out_device, budget, posterior, tile=tile, overlap=overlap,
                                tile_frames=tile_frames, overlap_frames=overlap_frames)

@@ -197,7 +197,7 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
     force = park_tiles == "copy"          # the tests' check: new storages on the same device
     if park_tiles is None:
         park_tiles = offload.type != device.type
-    run = _Run(fn, model, x, latent, segs, events, small, chunks, out_device,
+    run = _Run(fn, model, x, latent, segs, events, small, chunks, out_device, device,
                (device, offload if device.type != "meta" else device) if park_tiles else None, force)
     try:
         return run.go(cores, in_unit, progress)
@@ -273,8 +273,10 @@ class _Run:
     """One exact run whose tiles meet: their coroutines, the rounds they meet in, the output they fill."""
 
     def __init__(self, fn: Fn, model: nn.Module, x: torch.Tensor, latent, segs, events, small, chunks, out_device,
-                 parking: Optional[tuple[torch.device, torch.device]] = None, force: bool = False):
+                 device: torch.device, parking: Optional[tuple[torch.device, torch.device]] = None,
+                 force: bool = False):
         self.fn, self.model, self.x, self.latent = fn, model, x, latent
+        self.device = device                 # where the tiles compute: the model's, never a payload's
         self.parking, self.force = parking, force
         self.segs, self.chunks, self.out_device = segs, chunks, out_device
         syncs, self.costs = _rounds(events, small)
@@ -350,10 +352,11 @@ class _Run:
             seg = None if expect.kind == "stats" else self.segs[1 + sum(e.kind != "stats" for e in self.rounds[:i])]
             with runstate.stream(self.whole_memory) if self.chunks else contextlib.nullcontext():
                 if expect.kind == "boundary" and self.comm.size > 1:
-                    replies = _exchange(seg, msgs, self.cos, self.tiles, self.owner, self.latent, self.comm)
+                    replies = _exchange(seg, msgs, self.cos, self.tiles, self.owner, self.latent, self.device,
+                                        self.comm, self.transfers)
                 else:
-                    replies = _answer(expect, seg, msgs, self.cos, self.latent, self.out_device, self.comm,
-                                      self.transfers)
+                    replies = _answer(expect, seg, msgs, self.cos, self.latent, self.device, self.out_device,
+                                      self.comm, self.transfers)
         raise AssertionError("unreachable")
 
     def _start(self, tile: Tile, in_unit: int) -> None:
@@ -382,11 +385,12 @@ def _layout(msgs, latent) -> tuple:
     return first, scales, size, fmt
 
 
-def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=distributed.LOCAL,
-            transfers: Optional[transfer.Transfers] = None):
-    """One round: every tile paused at the same place; compute what each resumes with. Across ranks
-    (``comm``) the sums and the assembled maps are all-reduced: each rank holds only its tiles. At a map
-    round the tiles' cores, copied out at their pause (``transfers``), are landed first."""
+def _answer(expect: Event, seg: Segment, msgs, cos, latent, device: torch.device, out_device,
+            comm=distributed.LOCAL, transfers: Optional[transfer.Transfers] = None):
+    """One round: every tile paused at the same place; compute what each resumes with on ``device`` (where
+    the tiles compute; their payloads may wait on the host). Across ranks (``comm``) the sums and the
+    assembled maps are all-reduced: each rank holds only its tiles. At a map round the tiles' cores,
+    copied out at their pause (``transfers``), are landed first."""
     transfers = transfers or transfer.Transfers()
     if expect.kind == "stats":
         s1 = comm.sum_(sum(v[2][0] for _, v in msgs))
@@ -399,7 +403,6 @@ def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=dis
     transfers.wait()
     whole = expect.kind == "whole"
     first, scales, size, fmt = _layout(msgs, latent)
-    device = first.device                # where the tiles compute
     full = torch.empty(*first.shape[:-2], *size, dtype=first.dtype, device=device if whole else out_device,
                        memory_format=fmt)
     if comm.size > 1:
@@ -419,10 +422,13 @@ def _answer(expect: Event, seg: Segment, msgs, cos, latent, out_device, comm=dis
     return [functools.partial(recut, co) for co in cos]
 
 
-def _exchange(seg: Segment, msgs, cos, tiles: Sequence[Tile], owner: Sequence[int], latent, comm):
+def _exchange(seg: Segment, msgs, cos, tiles: Sequence[Tile], owner: Sequence[int], latent, device: torch.device,
+              comm, transfers: transfer.Transfers):
     """A re-cut point across ranks: each local tile's new slice (core plus the next stretch's halo) is
-    built from the cores that overlap it: this rank's own, and the other ranks' sent point to point.
-    No rank assembles the whole map."""
+    built on ``device`` (where the tiles compute) from the cores that overlap it: this rank's own, and the
+    other ranks' sent point to point through the backend's device (``comm.device``). No rank assembles
+    the whole map. The cores, copied out at their pause, are landed first."""
+    transfers.wait()
     cores = {id(co.tile): core for co, (_, (_, _, (core, _))) in zip(cos, msgs)}
     first, scales, size, fmt = _layout(msgs, latent)
     boxes = [[(int(a * s), int(b * s)) for (a, b), s in zip(t.core, scales)] for t in tiles]
@@ -430,7 +436,7 @@ def _exchange(seg: Segment, msgs, cos, tiles: Sequence[Tile], owner: Sequence[in
         t.cut(scales, seg, size)
     mine = {id(co.tile) for co in cos}
     regions = {id(t): torch.empty(*first.shape[:-2], *(hi - lo for lo, hi in zip(t.lo, t.hi)), dtype=first.dtype,
-                                  device=first.device).contiguous(memory_format=fmt) for t in tiles if id(t) in mine}
+                                  device=device).contiguous(memory_format=fmt) for t in tiles if id(t) in mine}
     sends, receives = [], []
     for u, box in zip(tiles, boxes):                      # the same order on every rank: sends meet receives
         for t in tiles:
@@ -445,10 +451,11 @@ def _exchange(seg: Segment, msgs, cos, tiles: Sequence[Tile], owner: Sequence[in
                 if id(t) in mine:
                     regions[id(t)][dst] = part
                 else:
-                    sends.append((part.contiguous(), owner[tiles.index(t)]))
+                    sends.append((part.to(comm.device, copy=True, memory_format=torch.contiguous_format),
+                                  owner[tiles.index(t)]))
             else:
                 receives.append((regions[id(t)][dst], owner[tiles.index(u)]))
-    buffers = [(torch.empty(view.shape, dtype=view.dtype, device=view.device), peer) for view, peer in receives]
+    buffers = [(torch.empty(view.shape, dtype=view.dtype, device=comm.device), peer) for view, peer in receives]
     comm.exchange(sends, buffers)
     for (view, _), (buf, _) in zip(receives, buffers):
         view.copy_(buf)

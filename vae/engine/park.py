@@ -3,17 +3,19 @@
 Where tiles must keep meeting at high resolution (GroupNorm statistics, vae/engine/exact.py), every tile is
 paused inside the model's forward while the others catch up; what it holds then is whatever its
 frames reference: the norm's input, the residual of the block it is in, its stream caches. At a pause
-the tile's own thread moves those tensors' storages to the offload device and, when it resumes, back:
-``Tensor.set_`` swaps the storage under every tensor object that shares it, so each reference the
-forward holds sees the moved data, views keep their offsets and aliasing is kept.
+the tile's own thread copies those storages' bytes to the offload device and, once the copy has landed,
+shrinks each device storage to nothing (``resize_(0)``: its memory goes back to the device's allocator);
+when it resumes, each storage is grown back and the bytes copied in. The storages and the tensors on
+them never change device (CUDA refuses a tensor a storage of another device), so every reference the
+forward holds sees its data again, views keep their offsets and aliasing is kept.
 
-Only storages the thread's frames hold in full are moved: a storage with a reference the frames do not
-show (a parameter, a buffer, a temporary on the interpreter's stack) stays, since moving it would
-split what must stay one tensor. That is safe by construction and saves what it finds (on a GPU, the
-paused tiles' activation maps and caches: the compute device then holds the running tile, the round's
-buffers and what could not be moved). On a CPU-only machine the offload device is the compute device
-and nothing is moved. Tested on the CPU with a forced move (same device, new storage), which makes
-any lost alias or stale reference change the result.
+Only storages the thread's frames hold in full are parked: a storage with a reference the frames do not
+show (a parameter, a buffer, a temporary on the interpreter's stack) stays, since emptying it would
+pull data from under its other owner. That is safe by construction and saves what it finds (on a GPU,
+the paused tiles' activation maps and caches: the compute device then holds the running tile, the
+round's buffers and what could not be parked). On a CPU-only machine the offload device is the compute
+device and nothing is parked. Tested on the CPU with a forced park (same device: emptied and refilled),
+and with the compute device apart from the host on a stand-in device (tests/apart.py).
 """
 from __future__ import annotations
 
@@ -56,12 +58,12 @@ def held(frame: Optional[FrameType], device: torch.device, extra: Iterable = ())
 
 
 class Parked:
-    """Storages moved to the offload device at a pause; ``restore`` moves them back (both through
-    ``transfers``: from a GPU, pinned storages and copies that overlap the next tile, vae/engine/transfer.py)."""
+    """Storages emptied at a pause, their bytes on the offload device; ``restore`` refills them (both
+    through ``transfers``: from a GPU, pinned copies that overlap the next tile, vae/engine/transfer.py)."""
 
     def __init__(self, transfers: Transfers):
         self.transfers = transfers
-        self.groups: list[tuple[list[torch.Tensor], torch.UntypedStorage, torch.device]] = []
+        self.groups: list[tuple[torch.UntypedStorage, torch.Tensor]] = []    # (device storage, its bytes away)
         self.dry: list[torch.Tensor] = []        # meta tensors the planner's tracker counted as away
         self.bytes = 0
 
@@ -69,17 +71,16 @@ class Parked:
         for t in self.dry:
             memory.returned(t)
         self.dry.clear()
-        for tensors, storage, device in self.groups:
-            back = self.transfers.unpark(storage, device)
-            for t in tensors:
-                t.set_(back, t.storage_offset(), t.size(), t.stride())
+        for storage, away in self.groups:
+            self.transfers.unpark(storage, away)
         self.groups.clear()
 
 
 def park(tensors: list[torch.Tensor], offload: torch.device, force: bool = False,
          transfers: Optional[Transfers] = None) -> Parked:
-    """Move the storages of ``tensors`` that nothing else references to ``offload``. ``force``: move
-    even to the same device (a new storage; the tests' check that nothing depends on the old one)."""
+    """Park the storages of ``tensors`` that nothing else references: their bytes to ``offload``, the
+    storages emptied. ``force``: park even on the same device (the tests' check that nothing reads a
+    parked storage, nor keeps a pointer into it)."""
     parked = Parked(transfers or Transfers())
     by_storage: dict[int, list[torch.Tensor]] = {}
     for t in tensors:
@@ -95,11 +96,8 @@ def park(tensors: list[torch.Tensor], offload: torch.device, force: bool = False
             continue
         if storage.device == offload and not force:
             continue
-        moved = parked.transfers.park(storage, offload)
-        for t in group:
-            t.set_(moved, t.storage_offset(), t.size(), t.stride())
-        parked.groups.append((group, moved, storage.device))
         parked.bytes += storage.nbytes()
+        parked.groups.append((storage, parked.transfers.park(storage, offload)))
     return parked
 
 
