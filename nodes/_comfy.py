@@ -194,8 +194,8 @@ def place(handle, device: torch.device, dtype: torch.dtype) -> None:
 def prepare(handle, op: Optional[str] = None, shape: Optional[tuple] = None, **plan) -> Optional[int]:
     """Before a call: inside ComfyUI, load the weights onto their device through its memory manager, and
     tell it what the call needs besides (one tile of one chunk, measured from the architecture on the
-    meta device: ``VAE.memory_needed``), so it frees that much first; that need is returned (None outside
-    ComfyUI or when it cannot be measured). Outside ComfyUI, the weights go where the VAE's patcher loads
+    meta device for the load device: ``VAE.memory_needed``), so it frees that much first; that need is
+    returned (None outside ComfyUI or when it cannot be measured). Outside ComfyUI, the weights go where the VAE's patcher loads
     them (a node may have set its ``load_device``)."""
     mm = model_management()
     p = registered(handle)
@@ -206,7 +206,9 @@ def prepare(handle, op: Optional[str] = None, shape: Optional[tuple] = None, **p
         if handle.device != load:
             handle.to(load)
         return None
-    need = handle.memory_needed(tuple(shape), op, **plan) if op and shape is not None else None
+    # asked before the load, while the weights may still wait on the offload device: for the load device
+    need = (handle.memory_needed(tuple(shape), op, device=placed_device(handle), **plan)
+            if op and shape is not None else None)
     # plain torch layers cannot be partially loaded, so the whole VAE is loaded
     mm.load_models_gpu([p], memory_required=need or 0, force_full_load=True)
     return need

@@ -432,16 +432,21 @@ class VAE:
     def memory_needed(self, shape: tuple[int, ...], op: str = "decode", tile: Tile = None,
                       overlap: Optional[int] = None, tile_frames: Optional[int] = None,
                       overlap_frames: Optional[int] = None, mode: str = "fast",
-                      offload: DeviceLike = "cpu") -> Optional[int]:
+                      offload: DeviceLike = "cpu", device: DeviceLike = None) -> Optional[int]:
         """Device bytes a call on an input of ``shape`` needs on the compute device (one tile of one chunk
         at its peak; exact tiles that meet: all of them), measured on the meta device (vae/engine/budget.py,
-        vae/engine/memory.py); None if it cannot be measured. For memory managers."""
+        vae/engine/memory.py); None if it cannot be measured. For memory managers.
+
+        ``device``: where the call will run (default: where the weights are now). A memory manager asks
+        before it loads the weights, while they still wait on its offload device, so it names its load
+        device: the prediction takes that device type's calibration, copies and parking."""
+        device = torch.device(device) if device is not None else self.device
         if self.caps.own_tiling is not None:       # hook: one unit of the model's own plan
-            return defined.memory_needed(self, shape, op)
+            return defined.memory_needed(self, shape, op, device=device)
         from .engine import budget
         call = self.call_for(op, shape, tile, overlap, tile_frames, overlap_frames, mode)
         try:
-            return budget.predict(self, call, self.device, torch.device(offload)).device
+            return budget.predict(self, call, device, torch.device(offload)).device
         except Exception:     # noqa: BLE001 - an estimate, never a failure
             log.debug("VAEKit: no memory estimate for %s", call, exc_info=True)
             return None
