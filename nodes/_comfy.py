@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from ..vae import progress as progress_module
+from ..vae.engine import guard
 from . import patcher
 
 log = logging.getLogger("VAEKit")
@@ -146,13 +147,16 @@ def intermediate_device() -> torch.device:
 
 
 def pick_dtype(choice: str, device: torch.device, working: tuple[torch.dtype, ...]) -> torch.dtype:
+    """The weights' dtype for the loader's ``dtype`` widget: a named one; ``auto``: ComfyUI's VAE choice,
+    standalone bf16 where the model works in it and ``device`` runs it natively (vae/engine/guard.py
+    ``bf16_native``), else fp32."""
     named = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if choice in named:
         return named[choice]
     mm = model_management()
     if mm is not None:
         return mm.vae_dtype(device, list(working))
-    if device.type == "cuda" and torch.bfloat16 in working and torch.cuda.is_bf16_supported():
+    if torch.bfloat16 in working and guard.bf16_native(device):
         return torch.bfloat16
     return torch.float32
 
