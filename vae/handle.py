@@ -544,13 +544,18 @@ class Route:
     engine: str
 
 
-# what CUDA libraries raise when the caching allocator cannot give them their workspace
-_ALLOC_FAILED = ("out of memory", "can't allocate memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED")
+# what CUDA libraries raise when the caching allocator cannot give them their workspace. cuDNN's plan
+# search (PyTorch's cudnn/Conv_v8.cpp) skips each plan whose workspace allocation fails and, with none
+# left, raises "GET (or FIND) was unable to find an engine to execute this computation". The same words
+# end a search that failed for another reason (no engine for the dtype on that card): such a call is
+# retried with smaller tiles until none is left, then fails.
+_ALLOC_FAILED = ("out of memory", "can't allocate memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED",
+                 "unable to find an engine to execute this computation")
 
 
 def _out_of_memory(e: BaseException) -> bool:
-    """A device (CUDA: torch.OutOfMemoryError, or a library's failed workspace allocation) or host (CPU
-    allocator) out-of-memory error."""
+    """A device (CUDA: torch.OutOfMemoryError, or a library's failed workspace allocation, cuDNN's plan
+    search included) or host (CPU allocator) out-of-memory error."""
     return isinstance(e, torch.OutOfMemoryError) or (
         isinstance(e, RuntimeError) and any(m in str(e) for m in _ALLOC_FAILED))
 

@@ -18,8 +18,9 @@ from helpers import diffusers_kl
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _budget(v, latent_side: int, what: str = "decode"):
-    """Make ``v``'s model raise OutOfMemoryError for inputs wider than ``latent_side`` latent pixels."""
+def _budget(v, latent_side: int, what: str = "decode", error=None):
+    """Make ``v``'s model raise ``error`` (default: OutOfMemoryError) for inputs wider than ``latent_side``
+    latent pixels."""
     real = getattr(v.model, what)
     px = 1 if what == "decode" else v.caps.spatial_ratio
     calls = []
@@ -27,7 +28,7 @@ def _budget(v, latent_side: int, what: str = "decode"):
     def limited(x, *a, **k):
         calls.append(tuple(x.shape[-2:]))
         if max(x.shape[-2:]) > latent_side * px:
-            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            raise error or torch.OutOfMemoryError("CUDA out of memory (injected)")
         return real(x, *a, **k)
     setattr(v.model, what, limited)
     return calls
@@ -45,6 +46,34 @@ def test_untiled_decode_that_runs_out_of_memory_is_retried_in_exact_tiles(kl, ca
     with caplog.at_level(logging.WARNING, logger="VAEKit"):
         out = kl.decode(z)
     assert (out - want).abs().max() <= 1e-5            # fp32 rounding of other tile shapes
+    assert "out of memory with no tiles; retrying with 16x16 px exact tiles" in caplog.text
+
+
+# what cuDNN's plan search raises when no plan could run (see the test below)
+CUDNN_NO_ENGINE = ("GET was unable to find an engine to execute this computation",
+                   "FIND was unable to find an engine to execute this computation")
+
+
+@pytest.mark.parametrize("message", CUDNN_NO_ENGINE)
+def test_a_cudnn_plan_search_that_failed_for_memory_is_replanned(kl, caplog, message):
+    """A convolution whose every cuDNN plan failed to get its workspace raises cuDNN's engine-search
+    message, not OutOfMemoryError; the out-of-memory retry (and the cache runner's replan, which asks
+    the same ``_out_of_memory``) takes it for what it is.
+
+    Where the message comes from: PyTorch's aten/src/ATen/native/cudnn/Conv_v8.cpp (pytorch/pytorch at
+    06ca69ca4e9b). Each plan whose workspace cannot be allocated is skipped (``try_configs`` and
+    ``try_plans`` catch its c10::OutOfMemoryError), and when none is left ``run_single_conv`` ends in
+    ``TORCH_CHECK(false, "GET was unable to find an engine to execute this computation")`` (heuristic
+    plans: torch.backends.cudnn.benchmark off) or ``try_plans`` in ``"FIND was unable ..."`` (benchmark
+    on): a RuntimeError in Python."""
+    from vae.handle import _out_of_memory
+    assert _out_of_memory(RuntimeError(message))
+    z = torch.randn(1, 4, 16, 12)
+    want = kl.decode(z)
+    _budget(kl, 10, error=RuntimeError(message))
+    with caplog.at_level(logging.WARNING, logger="VAEKit"):
+        out = kl.decode(z)
+    assert (out - want).abs().max() <= 1e-5
     assert "out of memory with no tiles; retrying with 16x16 px exact tiles" in caplog.text
 
 
