@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from ..vae import progress as progress_module
+from ..vae.engine import guard
 from . import patcher
 
 log = logging.getLogger("VAEKit")
@@ -146,13 +147,16 @@ def intermediate_device() -> torch.device:
 
 
 def pick_dtype(choice: str, device: torch.device, working: tuple[torch.dtype, ...]) -> torch.dtype:
+    """The weights' dtype for the loader's ``dtype`` widget: a named one; ``auto``: ComfyUI's VAE choice,
+    standalone bf16 where the model works in it and ``device`` runs it natively (vae/engine/guard.py
+    ``bf16_native``), else fp32."""
     named = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if choice in named:
         return named[choice]
     mm = model_management()
     if mm is not None:
         return mm.vae_dtype(device, list(working))
-    if device.type == "cuda" and torch.bfloat16 in working and torch.cuda.is_bf16_supported():
+    if torch.bfloat16 in working and guard.bf16_native(device):
         return torch.bfloat16
     return torch.float32
 
@@ -194,8 +198,8 @@ def place(handle, device: torch.device, dtype: torch.dtype) -> None:
 def prepare(handle, op: Optional[str] = None, shape: Optional[tuple] = None, **plan) -> Optional[int]:
     """Before a call: inside ComfyUI, load the weights onto their device through its memory manager, and
     tell it what the call needs besides (one tile of one chunk, measured from the architecture on the
-    meta device: ``VAE.memory_needed``), so it frees that much first; that need is returned (None outside
-    ComfyUI or when it cannot be measured). Outside ComfyUI, the weights go where the VAE's patcher loads
+    meta device for the load device: ``VAE.memory_needed``), so it frees that much first; that need is
+    returned (None outside ComfyUI or when it cannot be measured). Outside ComfyUI, the weights go where the VAE's patcher loads
     them (a node may have set its ``load_device``)."""
     mm = model_management()
     p = registered(handle)
@@ -206,7 +210,9 @@ def prepare(handle, op: Optional[str] = None, shape: Optional[tuple] = None, **p
         if handle.device != load:
             handle.to(load)
         return None
-    need = handle.memory_needed(tuple(shape), op, **plan) if op and shape is not None else None
+    # asked before the load, while the weights may still wait on the offload device: for the load device
+    need = (handle.memory_needed(tuple(shape), op, device=placed_device(handle), **plan)
+            if op and shape is not None else None)
     # plain torch layers cannot be partially loaded, so the whole VAE is loaded
     mm.load_models_gpu([p], memory_required=need or 0, force_full_load=True)
     return need

@@ -139,15 +139,16 @@ class VAEKitVAE:
         return self.handle.caps.temporal_ratio if self.handle.takes_clips else None
 
     # core's memory hooks (comfy.sd.VAE's; code that plans around a VAE reads them): what a call on an
-    # input of ``shape`` (model layout, as core passes it) needs on the compute device, measured for our
-    # architecture; ``dtype`` is the handle's own (core passes its vae_dtype)
+    # input of ``shape`` (model layout, as core passes it) needs on the compute device (the patcher's load
+    # device, wherever the weights wait now), measured for our architecture; ``dtype`` is the handle's own
+    # (core passes its vae_dtype)
     handles_tiling = True       # our engines tile and stream inside encode/decode
 
     def memory_used_decode(self, shape, dtype=None) -> int:
-        return self.handle.memory_needed(tuple(shape), "decode") or 0
+        return self.handle.memory_needed(tuple(shape), "decode", device=self.device) or 0
 
     def memory_used_encode(self, shape, dtype=None) -> int:
-        return self.handle.memory_needed(tuple(shape), "encode") or 0
+        return self.handle.memory_needed(tuple(shape), "encode", device=self.device) or 0
 
     def throw_exception_if_invalid(self) -> None:
         return None

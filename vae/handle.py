@@ -438,16 +438,21 @@ class VAE:
     def memory_needed(self, shape: tuple[int, ...], op: str = "decode", tile: Tile = None,
                       overlap: Optional[int] = None, tile_frames: Optional[int] = None,
                       overlap_frames: Optional[int] = None, mode: str = "fast",
-                      offload: DeviceLike = "cpu") -> Optional[int]:
+                      offload: DeviceLike = "cpu", device: DeviceLike = None) -> Optional[int]:
         """Device bytes a call on an input of ``shape`` needs on the compute device (one tile of one chunk
         at its peak; exact tiles that meet: all of them), measured on the meta device (vae/engine/budget.py,
-        vae/engine/memory.py); None if it cannot be measured. For memory managers."""
+        vae/engine/memory.py); None if it cannot be measured. For memory managers.
+
+        ``device``: where the call will run (default: where the weights are now). A memory manager asks
+        before it loads the weights, while they still wait on its offload device, so it names its load
+        device: the prediction takes that device type's calibration, copies and parking."""
+        device = torch.device(device) if device is not None else self.device
         if self.caps.own_tiling is not None:       # hook: one unit of the model's own plan
-            return defined.memory_needed(self, shape, op)
+            return defined.memory_needed(self, shape, op, device=device)
         from .engine import budget
         call = self.call_for(op, shape, tile, overlap, tile_frames, overlap_frames, mode)
         try:
-            return budget.predict(self, call, self.device, torch.device(offload)).device
+            return budget.predict(self, call, device, torch.device(offload)).device
         except Exception:     # noqa: BLE001 - an estimate, never a failure
             log.debug("VAEKit: no memory estimate for %s", call, exc_info=True)
             return None
@@ -551,13 +556,18 @@ class Route:
     engine: str
 
 
-# what CUDA libraries raise when the caching allocator cannot give them their workspace
-_ALLOC_FAILED = ("out of memory", "can't allocate memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED")
+# what CUDA libraries raise when the caching allocator cannot give them their workspace. cuDNN's plan
+# search (PyTorch's cudnn/Conv_v8.cpp) skips each plan whose workspace allocation fails and, with none
+# left, raises "GET (or FIND) was unable to find an engine to execute this computation". The same words
+# end a search that failed for another reason (no engine for the dtype on that card): such a call is
+# retried with smaller tiles until none is left, then fails.
+_ALLOC_FAILED = ("out of memory", "can't allocate memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED",
+                 "unable to find an engine to execute this computation")
 
 
 def _out_of_memory(e: BaseException) -> bool:
-    """A device (CUDA: torch.OutOfMemoryError, or a library's failed workspace allocation) or host (CPU
-    allocator) out-of-memory error."""
+    """A device (CUDA: torch.OutOfMemoryError, or a library's failed workspace allocation, cuDNN's plan
+    search included) or host (CPU allocator) out-of-memory error."""
     return isinstance(e, torch.OutOfMemoryError) or (
         isinstance(e, RuntimeError) and any(m in str(e) for m in _ALLOC_FAILED))
 

@@ -139,6 +139,31 @@ def test_cpu_upcasts_to_fp32():
     assert guard.ladder(torch.bfloat16, torch.device("cpu")) == (torch.float32,)
 
 
+@pytest.fixture
+def two_cards(monkeypatch):
+    """A CUDA machine as PyTorch reports it, without a GPU: cuda:0 (also plain ``cuda``, the current
+    device) an Ampere card (capability 8.6); cuda:1 a Turing card (7.5, a T4). ``is_bf16_supported()``
+    says yes, as it does on any card by default (it counts emulation) when the current one is Ampere."""
+    caps = {0: (8, 6), 1: (7, 5)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: caps[torch.device(device or "cuda").index or 0])
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+
+
+def test_bf16_is_chosen_by_the_devices_compute_capability(two_cards, pack, monkeypatch):
+    """The guard's first retry for fp16 and the standalone default dtype both run bf16 only on a device of
+    compute capability 8.0 or later: the VAE's device, not the current one, and not by emulation."""
+    from vaekit.nodes import _comfy
+    monkeypatch.setattr(_comfy, "model_management", lambda: None)       # standalone
+    ampere, turing = torch.device("cuda:0"), torch.device("cuda:1")
+    assert guard.ladder(torch.float16, ampere) == guard.LADDER_CUDA == (torch.bfloat16, torch.float32)
+    assert guard.ladder(torch.float16, turing) == (torch.float32,)
+    working = (torch.bfloat16, torch.float32)
+    assert _comfy.pick_dtype("auto", ampere, working) == torch.bfloat16
+    assert _comfy.pick_dtype("auto", turing, working) == torch.float32
+    assert _comfy.pick_dtype("auto", ampere, (torch.float32,)) == torch.float32
+
+
 def test_streamed_decode_replays_the_tile_stream_upcast(caplog):
     """Magvit streams a clip chunk by chunk through causal caches: the overflow is in the second
     latent frame of the right half only, so the right tile's stream is replayed upcast from its first

@@ -18,8 +18,9 @@ from helpers import diffusers_kl
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _budget(v, latent_side: int, what: str = "decode"):
-    """Make ``v``'s model raise OutOfMemoryError for inputs wider than ``latent_side`` latent pixels."""
+def _budget(v, latent_side: int, what: str = "decode", error=None):
+    """Make ``v``'s model raise ``error`` (default: OutOfMemoryError) for inputs wider than ``latent_side``
+    latent pixels."""
     real = getattr(v.model, what)
     px = 1 if what == "decode" else v.caps.spatial_ratio
     calls = []
@@ -27,7 +28,7 @@ def _budget(v, latent_side: int, what: str = "decode"):
     def limited(x, *a, **k):
         calls.append(tuple(x.shape[-2:]))
         if max(x.shape[-2:]) > latent_side * px:
-            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            raise error or torch.OutOfMemoryError("CUDA out of memory (injected)")
         return real(x, *a, **k)
     setattr(v.model, what, limited)
     return calls
@@ -45,6 +46,34 @@ def test_untiled_decode_that_runs_out_of_memory_is_retried_in_exact_tiles(kl, ca
     with caplog.at_level(logging.WARNING, logger="VAEKit"):
         out = kl.decode(z)
     assert (out - want).abs().max() <= 1e-5            # fp32 rounding of other tile shapes
+    assert "out of memory with no tiles; retrying with 16x16 px exact tiles" in caplog.text
+
+
+# what cuDNN's plan search raises when no plan could run (see the test below)
+CUDNN_NO_ENGINE = ("GET was unable to find an engine to execute this computation",
+                   "FIND was unable to find an engine to execute this computation")
+
+
+@pytest.mark.parametrize("message", CUDNN_NO_ENGINE)
+def test_a_cudnn_plan_search_that_failed_for_memory_is_replanned(kl, caplog, message):
+    """A convolution whose every cuDNN plan failed to get its workspace raises cuDNN's engine-search
+    message, not OutOfMemoryError; the out-of-memory retry (and the cache runner's replan, which asks
+    the same ``_out_of_memory``) takes it for what it is.
+
+    Where the message comes from: PyTorch's aten/src/ATen/native/cudnn/Conv_v8.cpp (pytorch/pytorch at
+    06ca69ca4e9b). Each plan whose workspace cannot be allocated is skipped (``try_configs`` and
+    ``try_plans`` catch its c10::OutOfMemoryError), and when none is left ``run_single_conv`` ends in
+    ``TORCH_CHECK(false, "GET was unable to find an engine to execute this computation")`` (heuristic
+    plans: torch.backends.cudnn.benchmark off) or ``try_plans`` in ``"FIND was unable ..."`` (benchmark
+    on): a RuntimeError in Python."""
+    from vae.handle import _out_of_memory
+    assert _out_of_memory(RuntimeError(message))
+    z = torch.randn(1, 4, 16, 12)
+    want = kl.decode(z)
+    _budget(kl, 10, error=RuntimeError(message))
+    with caplog.at_level(logging.WARNING, logger="VAEKit"):
+        out = kl.decode(z)
+    assert (out - want).abs().max() <= 1e-5
     assert "out of memory with no tiles; retrying with 16x16 px exact tiles" in caplog.text
 
 
@@ -133,25 +162,67 @@ def test_memory_needed_follows_the_unit_of_work(loaded):
     assert v.memory_needed((1, 3, 9, 128, 128), "encode") > 0
 
 
-def test_the_comfyui_path_tells_the_memory_manager(pack, loaded, monkeypatch):
-    """Inside ComfyUI the nodes load the VAE through its memory manager with ``memory_required`` set
-    to what the call needs (a stand-in manager records the call)."""
+def _loads_to_cuda(handle, monkeypatch):
+    """ComfyUI as on a GPU machine, without a GPU: a stand-in memory manager that records its loads (and
+    loads nothing), and a patcher whose load device is ``cuda`` while the weights wait on the CPU, its
+    offload device, as they do until ``load_models_gpu`` moves them."""
     import types
-    from vaekit.nodes import _comfy
-    from vaekit.nodes.socket import VAEKitVAE
-    from vaekit.vae import from_state_dict
-    from video_families import tiny_state_dict
-    handle = from_state_dict(tiny_state_dict("wan"))
+    from vaekit.nodes import _comfy, patcher
     calls = []
     mm = types.SimpleNamespace(load_models_gpu=lambda models, **kw: calls.append(kw),
                                intermediate_device=lambda: torch.device("cpu"),
                                throw_exception_if_processing_interrupted=lambda: None)
     monkeypatch.setattr(_comfy, "model_management", lambda: mm)
-    monkeypatch.setitem(_comfy._patchers, handle.model, object())
+    monkeypatch.setitem(_comfy._patchers, handle.model, patcher.Patcher(handle.model, "cuda", "cpu"))
+    return calls
+
+
+def _cuda_need(handle, shape, op="decode", **asked) -> int:
+    """What a call needs on CUDA, from the planner itself (outputs and maps on the CPU)."""
+    from vae.engine import budget
+    call = handle.call_for(op, tuple(shape), **asked)
+    return budget.predict(handle, call, torch.device("cuda"), torch.device("cpu")).device
+
+
+def test_the_comfyui_path_tells_the_memory_manager_the_load_devices_need(pack, monkeypatch):
+    """Inside ComfyUI the nodes load the VAE through its memory manager with ``memory_required`` set to
+    what the call needs on the device it will run on: asked before the load, while the weights still sit
+    on the offload device (the CPU), the need is still the load device's (CUDA's calibration, no CPU
+    convolution copies), not the CPU's."""
+    from vaekit.nodes.socket import VAEKitVAE
+    from vaekit.vae import from_state_dict
+    from video_families import tiny_state_dict
+    handle = from_state_dict(tiny_state_dict("wan"))
+    calls = _loads_to_cuda(handle, monkeypatch)
     dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
     z = torch.randn(1, 16, 3, 12, 12)          # 96 px: tiled by the widget's smallest tile
     dec.decode({"samples": z}, VAEKitVAE(handle), tile_size=64, overlap=8, temporal_size=64, temporal_overlap=8)
-    assert calls[-1]["memory_required"] == handle.memory_needed(z.shape, tile=64, overlap=8, tile_frames=4, mode="exact") > 0
+    asked = dict(tile=64, overlap=8, tile_frames=4, mode="exact")
+    cuda = _cuda_need(handle, z.shape, **asked)
+    assert handle.device.type == "cpu"
+    assert calls[-1]["memory_required"] == cuda != handle.memory_needed(z.shape, **asked)
+
+
+def test_memory_needed_predicts_for_the_device_named(loaded):
+    """``device`` names where the call runs; without it, where the weights are: a CUDA prediction on this
+    CPU-only build is the planner's for CUDA (its calibration, parked exact tiles), the default the CPU's."""
+    v = loaded["wan"]
+    shape = (1, 16, 3, 16, 16)
+    assert v.memory_needed(shape) == v.memory_needed(shape, device="cpu")
+    for mode in ("fast", "exact"):
+        cuda = v.memory_needed(shape, device="cuda", tile=64, mode=mode)
+        assert cuda == _cuda_need(v, shape, tile=64, mode=mode) != v.memory_needed(shape, tile=64, mode=mode)
+
+
+def test_memory_needed_of_a_models_own_units_predicts_for_the_device_named(loaded):
+    """A model whose tiles are its definition (MiniMax H3) measures one of its units, for ``device`` too."""
+    from vae.engine import memory
+    v = loaded["minimax"]
+    shape = (1, v.caps.latent_channels, 3, 8, 8)
+    unit = v.caps.own_tiling.plan("decode", shape).unit_input(1, v.caps.latent_channels)
+    live = memory.unit_bytes(v.model, "decode", tuple(unit), v.dtype)
+    cuda = memory.working(live, torch.device("cuda"))
+    assert v.memory_needed(shape, device="cuda") == cuda != v.memory_needed(shape)
 
 
 
@@ -167,3 +238,18 @@ def test_core_memory_hooks_on_our_vae_answer_with_our_measurement(pack):
     assert v.memory_used_decode((1, 16, 3, 8, 8), torch.float32) == handle.memory_needed((1, 16, 3, 8, 8)) > 0
     assert v.memory_used_encode((1, 3, 9, 64, 64), torch.float32) == handle.memory_needed((1, 3, 9, 64, 64), "encode") > 0
     assert v.memory_used_decode((1, 16, 6, 16, 16)) > v.memory_used_decode((1, 16, 3, 8, 8))
+
+
+def test_core_memory_hooks_answer_for_the_load_device(pack, monkeypatch):
+    """Core asks ``memory_used_*`` before it loads the VAE: the figure is the load device's (CUDA), not
+    the offload device's where the weights wait (the CPU)."""
+    from vaekit.nodes.socket import VAEKitVAE
+    from vaekit.vae import from_state_dict
+    from video_families import tiny_state_dict
+    handle = from_state_dict(tiny_state_dict("wan"))
+    _loads_to_cuda(handle, monkeypatch)
+    v = VAEKitVAE(handle)
+    shape = (1, 16, 3, 8, 8)
+    assert v.memory_used_decode(shape, torch.float32) == _cuda_need(handle, shape) != handle.memory_needed(shape)
+    image = (1, 3, 9, 64, 64)
+    assert v.memory_used_encode(image) == _cuda_need(handle, image, "encode") != handle.memory_needed(image, "encode")

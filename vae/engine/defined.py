@@ -275,13 +275,15 @@ def encode(vae, x: torch.Tensor, progress: Optional[Progress], out_device, budge
         return z
 
 
-def memory_needed(vae, shape: Sequence[int], op: str, **options) -> Optional[int]:
+def memory_needed(vae, shape: Sequence[int], op: str, device: Optional[torch.device] = None,
+                  **options) -> Optional[int]:
     """Device bytes one unit of the model's own plan for an input of ``shape`` needs (the largest unit
-    input, measured on the meta device and calibrated for the device as for every family:
-    vae/engine/memory.py); None if it cannot be measured."""
+    input, measured on the meta device and calibrated for ``device``, default the weights', as for every
+    family: vae/engine/memory.py); None if it cannot be measured."""
     plan = vae.caps.own_tiling.plan(op, tuple(shape), **options)
     channels = vae.caps.latent_channels if op == "decode" else vae.caps.image_channels
-    return memory.working_set(vae.model, op, plan.unit_input(shape[0], channels), vae.dtype, device=vae.device)
+    return memory.working_set(vae.model, op, plan.unit_input(shape[0], channels), vae.dtype,
+                              device=device if device is not None else vae.device)
 
 
 def check_budget(vae, plan: Plan, op: str, shape: Sequence[int], budget: Optional[int], out_device: torch.device,

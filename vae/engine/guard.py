@@ -6,8 +6,8 @@ activations, and the image comes out black (NaN). The guard checks each tile's o
 half-precision VAE costs extra only where it actually overflows. fp32 handles are not touched at all.
 
 Upcast dtype: fp32 always for a bf16 handle, and for fp16 on CPU (no fast bf16 convs without AMX:
-measured slower than fp32 here). On a CUDA device that supports bf16, an fp16 tile is first redone
-in bf16: the same exponent range as fp32, so an fp16 overflow cannot recur, at half the copy's memory
+measured slower than fp32 here). On a CUDA device that runs bf16 natively (``bf16_native``: compute
+capability 8.0 or later, where cuDNN has bf16 convolutions), an fp16 tile is first redone in bf16: the same exponent range as fp32, so an fp16 overflow cannot recur, at half the copy's memory
 and tensor-core speed; fp32 follows only if the bf16 result is still not finite. (Not measured on a
 GPU in this project yet: ``LADDER_CUDA`` names the order in one place.)
 
@@ -49,7 +49,8 @@ from ..errors import NonFiniteError
 log = logging.getLogger("VAEKit")
 
 GUARDED = (torch.float16, torch.bfloat16)
-LADDER_CUDA = (torch.bfloat16, torch.float32)     # fp16 on a bf16-capable CUDA device
+LADDER_CUDA = (torch.bfloat16, torch.float32)     # fp16 on a CUDA device that runs bf16 natively
+BF16_CAPABILITY = (8, 0)        # Ampere and later: bf16 tensor cores, cuDNN's bf16 convolutions
 AXES = {1: "", 2: "(row,col)", 3: "(time,row,col)"}
 
 # fn(tile) runs the handle's model; fn(tile, model) runs ``model`` instead (an upcast copy)
@@ -106,9 +107,17 @@ def finite(y: torch.Tensor) -> bool:
     return bool(torch.isfinite(y).all())
 
 
+def bf16_native(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively: a CUDA device of compute capability 8.0 or later.
+    Not ``torch.cuda.is_bf16_supported()``: it counts emulation by default (yes on Turing, Volta and
+    Pascal cards, where cuDNN has no bf16 convolution) and answers for the current device, not this one."""
+    device = torch.device(device)
+    return device.type == "cuda" and tuple(torch.cuda.get_device_capability(device)) >= BF16_CAPABILITY
+
+
 def ladder(dtype: torch.dtype, device: torch.device) -> tuple[torch.dtype, ...]:
     """The dtypes a bad tile is redone in, in order."""
-    if dtype == torch.float16 and device.type == "cuda" and torch.cuda.is_bf16_supported():
+    if dtype == torch.float16 and bf16_native(device):
         return LADDER_CUDA
     return (torch.float32,)
 
