@@ -106,6 +106,8 @@ def test_a_file_the_manifest_does_not_list_is_kept_and_its_item_fails(tmp_path, 
     for name in ("d.png", "e.png"):
         (src / name).write_bytes((media / "pic.png").read_bytes())
     (out / "d.safetensors").write_bytes(b"the user's own file")
+    _, said = _run(out, [src], dry_run=True)
+    assert any(s.startswith("  will fail: d.safetensors: the cache did not write") for s in said), said
     for _ in range(2):
         res, said = _run(out, [src])
         assert (res.written + res.skipped, res.failed) == (1, 1), said
@@ -117,6 +119,22 @@ def test_a_file_the_manifest_does_not_list_is_kept_and_its_item_fails(tmp_path, 
     (out / "d.safetensors").unlink()
     res, _ = _run(out, [src])
     assert (res.written, res.skipped, res.failed) == (1, 1, 0)
+
+
+def test_a_file_that_appears_while_its_item_encodes_is_kept(tmp_path, media, monkeypatch):
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "d.png").write_bytes((media / "pic.png").read_bytes())
+    real = Runner.encode
+
+    def encode(self, *a, **k):
+        (out / "d.safetensors").write_bytes(b"copied in meanwhile")
+        return real(self, *a, **k)
+    monkeypatch.setattr(Runner, "encode", encode)
+    res, said = _run(out, [src])
+    assert (res.written, res.failed) == (0, 1), said
+    assert (out / "d.safetensors").read_bytes() == b"copied in meanwhile"
+    assert "did not write" in _items(out)["d.safetensors"]["reason"]
 
 
 def test_a_file_the_cache_wrote_is_still_redone_after_a_failed_redo(tmp_path, media, monkeypatch):
