@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -45,6 +46,15 @@ class Dataset:
     output: Optional[Path] = None
     name: str = ""
     video_buckets: Optional[Buckets] = None    # musubi-tuner buckets videos always (its VideoDataset)
+
+    def relative(self, source: Path) -> Path:
+        """The source's path under the root, which names its outputs in the cache folder; a source outside
+        the root (an absolute path elsewhere, a list entry through ``..``) goes by its file name."""
+        try:
+            rel = Path(os.path.relpath(source, self.root))
+        except ValueError:          # another drive (Windows)
+            return Path(source.name)
+        return Path(source.name) if rel.parts[:1] == ("..",) else rel
 
 
 def _media(paths) -> list[Path]:

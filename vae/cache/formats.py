@@ -115,10 +115,10 @@ class VAEKit(Format):
         self.dtype = dtype or torch.float32
 
     def path(self, item: Item) -> Path:
-        stem = item.relative.with_suffix("")
-        if item.video:
-            stem = stem.with_name(f"{stem.name}_{item.start:05d}-{item.frames:03d}")
-        return stem.with_name(stem.name + self.suffix)
+        # the name as text: pathlib refuses a stem like "." (a source named "..png") on some Pythons
+        stem = item.relative.name.removesuffix(item.relative.suffix)
+        clip = f"_{item.start:05d}-{item.frames:03d}" if item.video else ""
+        return item.relative.with_name(f"{stem}{clip}{self.suffix}")
 
     def write(self, path, item, mean, logvar, record) -> None:
         from safetensors.torch import save_file

@@ -8,7 +8,10 @@ file (its path relative to the folder), saying what made it:
 - or, for an item that failed, ``status`` "failed" and the ``reason``.
 
 A rerun skips an item whose record has the same fingerprint and settings and whose file is still there
-with its recorded size; anything else is done again. Nothing the manifest does not list is ever touched.
+with its recorded size; anything else is done again. Nothing the manifest does not list is ever touched:
+a file the cache did not write at an output's name is kept and its item fails (``refusal``), and no path
+leads out of the folder (through ``..`` or a link). A failed redo of a written item keeps the earlier
+file's ``bytes`` in its record, so the file stays the cache's to replace.
 
 While a run goes on, records are appended to ``vaekit-cache.log`` (one JSON line each, flushed, one log
 per process of a several-device run); the manifest is rewritten from it atomically at the end, and a
@@ -131,6 +134,33 @@ class Manifest:
             return False
         f = self.root / output
         return f.is_file() and f.stat().st_size == rec.get("bytes")
+
+    def owns(self, output: str) -> bool:
+        """Is what lies at ``output`` the cache's? Its record holds the size of a file it wrote."""
+        return "bytes" in self.records.get(output, {})
+
+    def inside(self, output: str) -> bool:
+        """Does ``output`` name a path inside the folder, following every link on the way?"""
+        try:
+            return (self.root / output).resolve().is_relative_to(self.root.resolve())
+        except (OSError, RuntimeError):          # a loop of links
+            return False
+
+    def refusal(self, output: str) -> Optional[str]:
+        """Why the cache may not write ``output`` (None: it may), with the fix, as a failed item's reason."""
+        final, name = self.root / output, Path(output)
+        fix = "move it away, or give another cache folder (-o)"
+        if name.is_absolute() or ".." in name.parts or not name.name:
+            return f"its output name {output!r} is not a file name inside the cache folder; rename the source"
+        if not self.inside(output):
+            return (f"{final} leads outside the cache folder {self.root} (a link on the way points out), so nothing "
+                    "is written there; remove the link, or give another cache folder (-o)")
+        for folder in reversed(name.parents[:-1]):
+            if os.path.lexists(self.root / folder) and not (self.root / folder).is_dir():
+                return f"{self.root / folder} is not a folder, so {output} cannot be written below it; {fix}"
+        if os.path.lexists(final) and (final.is_dir() or not self.owns(output)):
+            return f"the cache did not write what is at {final} (the manifest does not list it): it is kept; {fix}"
+        return None
 
     def written(self) -> Iterable[tuple[str, dict]]:
         return ((k, r) for k, r in self.records.items() if r.get("status") == "done")

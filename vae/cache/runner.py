@@ -63,6 +63,7 @@ class Work:
     crop: Optional[Crop] = None
     clips: list[Clip] = field(default_factory=list)
     todo: list[Clip] = field(default_factory=list)
+    refused: list[tuple[Clip, str]] = field(default_factory=list)     # clips whose output may not be written
     error: Optional[str] = None
     fingerprint: dict = field(default_factory=dict)
 
@@ -166,19 +167,32 @@ class Runner:
             if root not in vaes:
                 vaes[root] = self.vae_record(root)
             for src in ds.sources:
-                rel = src.relative_to(ds.root) if src.is_relative_to(ds.root) else Path(src.name)
-                w = Work(ds, src, root, rel)
+                w = Work(ds, src, root, ds.relative(src))
                 works.append(w)
                 self._plan_source(w, buckets, frames, vaes[root])
         self.vaes = vaes
         self._find_collisions(works)
         for w in works:
             m = self.manifest_for(w.root)
-            w.todo = [c for c in w.clips if not m.fresh(c.output, self._source_record(w), c.settings)]
+            w.refused = [(c, why) for c in w.clips if (why := m.refusal(c.output))]
+            refused = {id(c) for c, _ in w.refused}
+            w.todo = [c for c in w.clips
+                      if id(c) not in refused and not m.fresh(c.output, self._source_record(w), c.settings)]
         return works
 
     def _source_record(self, w: Work) -> dict:
         return {"path": str(w.source), **w.fingerprint}
+
+    def failed(self, w: Work, c: Clip, reason: str, result: CacheResult) -> None:
+        """``c`` recorded as failed; a file the cache wrote for it before stays the cache's (its size kept)."""
+        m = self.manifest_for(w.root)
+        rec = {"output": c.output, "status": "failed", "reason": reason, "source": self._source_record(w),
+               "settings": c.settings}
+        if m.owns(c.output):
+            rec["bytes"] = m.records[c.output]["bytes"]
+        m.add(rec)
+        result.failed += 1
+        result.failures.append((c.output, reason))
 
     def _plan_source(self, w: Work, buckets: Buckets, frames: Frames, vae: dict) -> None:
         o = self.opts
@@ -310,10 +324,7 @@ class Runner:
             for c in clips:
                 if c.output in done_clips:
                     continue
-                m.add({"output": c.output, "status": "failed", "reason": reason, "source": self._source_record(w),
-                       "settings": c.settings})
-                result.failed += 1
-                result.failures.append((c.output, reason))
+                self.failed(w, c, reason, result)
                 bar.item(c.plan.frames)
 
         def check(done=None, total=None) -> None:
@@ -335,6 +346,10 @@ class Runner:
                     continue
                 except Exception as e:     # noqa: BLE001 - out of memory after the replan, a model error
                     fail([c], f"{'out of memory even after the replan' if _out_of_memory(e) else type(e).__name__}: {e}")
+                    continue
+                refusal = write and m.refusal(c.output)        # a file may have appeared since the plan
+                if refusal:
+                    fail([c], refusal)
                     continue
                 if write:
                     self._write(w, c, mean, logvar, plan_text, note, time.perf_counter() - t, m, result)
@@ -512,7 +527,7 @@ def _run(r: Runner, procs: list) -> CacheResult:
     opts, result, t0 = r.opts, CacheResult(), time.perf_counter()
     works = r.plan()
     todo = [w for w in works if w.todo and not w.error]
-    result.skipped = sum(len(w.clips) - len(w.todo) for w in works if not w.error)
+    result.skipped = sum(len(w.clips) - len(w.todo) - len(w.refused) for w in works if not w.error)
     _agree(r.world)                                  # every rank has read the manifest before any writes
     if opts.dry_run:
         if r.rank == 0:
@@ -532,6 +547,9 @@ def _run(r: Runner, procs: list) -> CacheResult:
         m.add({"output": key, "status": "failed", "reason": w.error, "source": {"path": str(w.source)}})
         result.failed += 1
         result.failures.append((str(w.relative), w.error))
+    refused = [(w, c, why) for w in works for c, why in w.refused]
+    for w, c, why in refused[r.rank::r.world]:
+        r.failed(w, c, why, result)
     bar = Bar(r.stream, sum(len(w.todo) for w in mine), opts.quiet)
     try:
         for w in mine:
@@ -553,7 +571,7 @@ def _run(r: Runner, procs: list) -> CacheResult:
         for root, m in r.manifests.items():
             for out, rec in list(m.written()):
                 f = root / out
-                if (root, out) not in planned and f.is_file() and f.stat().st_size == rec.get("bytes"):
+                if (root, out) not in planned and m.inside(out) and f.is_file() and f.stat().st_size == rec.get("bytes"):
                     result.stale.append(f)
                     if opts.prune:
                         f.unlink()
@@ -599,6 +617,9 @@ def _dry_run(r: Runner, works: list[Work], todo: list[Work]) -> None:
     broken = [w for w in works if w.error]
     for w in broken:
         say(f"  will fail: {w.relative}: {w.error}")
+    for w in works:
+        for c, why in w.refused:
+            say(f"  will fail: {c.output}: {why}")
     if not todo:
         say("nothing to do: every item is up to date")
         return
