@@ -273,3 +273,41 @@ def test_a_whole_module_runs_where_the_tiles_compute(kl, monkeypatch):
         kl.to("cpu")
     _same([want], [got])
     assert seen and set(seen) == {CUDA}
+
+
+# ---- the nodes ---------------------------------------------------------------------------------------
+
+def test_the_nodes_default_decode_on_the_device(pack, kl, monkeypatch):
+    """Tiled Decode as ComfyUI runs it on a GPU machine: the weights wait on the CPU (the offload device),
+    the memory manager is told the call's need on the load device before it loads them there, then the
+    node's default (exact tiles, GroupNorm rounds with parked tiles) runs on the device, its result on the
+    intermediate device."""
+    import types
+    from vaekit.nodes import _comfy, patcher
+    from vaekit.nodes.socket import VAEKitVAE
+    z = torch.randn(1, 4, 40, 36)
+    with torch.inference_mode():
+        want = kl.decode(z, tile=64, overlap=8, mode="exact")
+    p = patcher.Patcher(kl.model, "cuda", "cpu")
+    loads = []
+
+    def load_models_gpu(models, memory_required=0, **kw):
+        loads.append((memory_required, kl.device))
+        for m in models:
+            m.patch_model(device_to=m.load_device)
+    mm = types.SimpleNamespace(load_models_gpu=load_models_gpu, intermediate_device=lambda: CPU,
+                               get_free_memory=lambda device=None: torch.cuda.mem_get_info(device)[0],
+                               throw_exception_if_processing_interrupted=lambda: None)
+    monkeypatch.setattr(_comfy, "model_management", lambda: mm)
+    monkeypatch.setitem(_comfy._patchers, kl.model, p)
+    dec = pack.NODE_CLASS_MAPPINGS["VAEKitTiledDecode"]()
+    try:
+        with Apart():
+            need = kl.memory_needed(tuple(z.shape), tile=64, overlap=8, tile_frames=None, mode="exact", device="cuda")
+            (images,) = dec.decode({"samples": z}, VAEKitVAE(kl), tile_size=64, overlap=8)
+            assert kl.device == CUDA
+    finally:
+        kl.to("cpu")
+    assert loads == [(need, CPU)] and need != kl.memory_needed(tuple(z.shape), tile=64, overlap=8, mode="exact")
+    assert device_of(images) == CPU
+    assert (images - want.movedim(1, -1)).abs().max() <= 1e-5
