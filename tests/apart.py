@@ -95,6 +95,7 @@ class Apart:
         self._local = threading.local()
         self._stack = contextlib.ExitStack()
         self.default = Stream(self, default=True)
+        self._marked: list = []                       # storages marked inside the block: unmarked at its end
 
     # ---- marks and accounting ----------------------------------------------------------------
     def mark(self, t: torch.Tensor, device: torch.device) -> None:
@@ -102,6 +103,7 @@ class Apart:
         if getattr(s, "_apart", None) == device:
             return
         s._apart = device
+        self._marked.append(weakref.ref(s))
         if device.type == "cuda":
             self._count(s.nbytes())
             weakref.finalize(s, self._count, -s.nbytes())
@@ -114,6 +116,7 @@ class Apart:
     def pin(self, t: torch.Tensor) -> torch.Tensor:
         s = t.untyped_storage()
         s._pinned = True
+        self._marked.append(weakref.ref(s))
         n = s.nbytes()
         with self._lock:
             reused = min(self.pinned_cached, n)      # a cached block serves the request first
@@ -191,6 +194,12 @@ class Apart:
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
+        for ref in self._marked:      # outside the block every tensor is what it is: on the CPU
+            s = ref()
+            if s is not None:
+                vars(s).pop("_apart", None)
+                vars(s).pop("_pinned", None)
+        self._marked.clear()
 
 
 class Stream:
@@ -282,12 +291,12 @@ class _Mode(TorchFunctionMode):
                 a, b = sorted(map(str, seen))
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
                                    f"devices, {a} and {b}! (stand-in device check: {name})")
-        if any(d.type == "cuda" for d in devices.values()) and name not in ("__get__",):
+        if name == "copy_":
+            return self._copy(func, args, kwargs)
+        if any(d.type == "cuda" for d in devices.values()):
             apart.current().synchronize()      # stream order: this kernel runs after what was queued before it
         if name in ("to", "cuda", "cpu"):
             return self._to(func, name, args, kwargs)
-        if name == "copy_":
-            return self._copy(func, args, kwargs)
         if name == "pin_memory":
             out = args[0].clone()
             return apart.pin(out)
@@ -335,12 +344,13 @@ class _Mode(TorchFunctionMode):
         a, b = device_of(dst), device_of(src)
         host = dst if a.type == "cpu" else src
         if a == b or not non_blocking or not getattr(host.untyped_storage(), "_pinned", False):
-            if b.type == "cuda" and a.type == "cpu":
+            if "cuda" in (a.type, b.type):   # a kernel, or a copy the host waits for: after what was queued
                 self.apart.current().synchronize()
             return dst.copy_(src)
         if a.type == "cpu":          # device -> pinned host: garbage there until the copy runs
             dst.fill_(float("nan") if dst.is_floating_point() else 0)
-        # the source is read when the stream runs the copy: its owner must keep it intact till then
+        # queued behind the stream's earlier copies, not run now; the source is read when the stream runs
+        # it, so its owner must keep it intact till then
         self.apart.current().queue(lambda: dst.copy_(src))
         return dst
 
