@@ -90,6 +90,7 @@ class Apart:
         self.allocated = self.peak = 0                # bytes of live device storages
         self.pinned_cached = 0                        # freed pinned bytes the host allocator keeps
         self.pinned_live = 0
+        self.pinned_total = 0                         # bytes ever handed out pinned
         self.streams: list["Stream"] = []
         self._lock = threading.RLock()
         self._local = threading.local()
@@ -122,6 +123,7 @@ class Apart:
             reused = min(self.pinned_cached, n)      # a cached block serves the request first
             self.pinned_cached -= reused
             self.pinned_live += n
+            self.pinned_total += n
         weakref.finalize(s, self._unpin, n)
         return t
 

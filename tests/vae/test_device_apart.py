@@ -101,6 +101,17 @@ def test_exact_tiles_meeting_in_rounds_park_on_the_host(kl):
     assert dev.pinned_cached == 0                   # and the pinned blocks went back after the call
 
 
+def test_pinned_blocks_go_back_after_a_call(kl, loaded):
+    """CUDA's caching host allocator keeps every freed pinned block: after a call, the staging buffers and
+    parked bytes it pinned are given back, not left page-locked in the process (fast tiles, exact tiles
+    one after another, exact tiles in rounds)."""
+    z = torch.randn(1, 4, 12, 10)
+    _, _, dev = _on_device(kl, [dict(tile=12, overlap=4), dict(tile=12, mode="exact")], [z, z])
+    assert dev.pinned_total > 0 and dev.pinned_cached == 0
+    _, _, dev = _on_device(loaded["wan"], [dict(tile=32, mode="exact")], [torch.randn(1, 16, 3, 8, 8)])
+    assert dev.pinned_total > 0 and dev.pinned_cached == 0
+
+
 def test_exact_encode_in_rounds(kl):
     x = torch.rand(1, 3, 48, 40)
     want, got, _ = _on_device(kl, [dict(tile=24, mode="exact")], [x], "encode")
