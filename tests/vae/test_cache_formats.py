@@ -286,7 +286,7 @@ def test_ltx2_forks_own_loader_batches_our_files(data):
     _cache(out, cache_data.ltx2_vae_file(tmp), [folder / "a.mp4"], format="musubi", arch="ltx2", resolution="64x64",
            frames=(9,), fps=25.0)
     from safetensors.torch import save_file
-    save_file({"text_bfloat16": torch.zeros(3, 8, dtype=torch.bfloat16)}, str(out / "a_00000-009_ltx2_te.safetensors"))
+    save_file({"text_bfloat16": torch.zeros(3, 8, dtype=torch.bfloat16)}, str(out / "a_ltx2_te.safetensors"))
     src = Path(os.environ.get("MUSUBI_LTX2_DIR", ".")) / "src"
     got = _loader("MUSUBI_LTX2_DIR", f"""
 import json, sys
@@ -295,7 +295,8 @@ from musubi_tuner.dataset.image_video_dataset import VideoDataset
 ds = VideoDataset((64, 64), None, 1, 1, True, False, video_directory={str(folder)!r}, cache_directory={str(out)!r},
                   target_frames=[9], architecture="ltx2")
 ds.prepare_for_training()
-batch = ds.batch_manager[0]
-print(json.dumps({{k: list(v.shape) for k, v in batch.items() if hasattr(v, "shape")}}))
+latents = ds.batch_manager[0]["latents"]           # the fork batches a dict: latents and their frame facts
+print(json.dumps({{"latents": list(latents["latents"].shape), "dtype": str(latents["latents"].dtype),
+                  "num_frames": latents["num_frames"].tolist()}}))
 """, tmp)
-    assert got["latents"] == [1, 128, 2, 2, 2]
+    assert got == {"latents": [1, 128, 2, 2, 2], "dtype": "torch.bfloat16", "num_frames": [2]}
