@@ -32,6 +32,20 @@ def vae_file(tmp: Path, family: str = "wan") -> Path:
     return path
 
 
+def ltx2_vae_file(tmp: Path) -> Path:
+    """A tiny LTX-2 VAE with LTX-2's 128 latent channels (random weights), as a safetensors file: what
+    the LTX-2 fork of musubi-tuner trains on has 128 channels."""
+    from safetensors.torch import save_file
+    from video_families import tiny_reference
+    path = tmp / "tiny_ltx2_128.safetensors"
+    if not path.exists():
+        tiny = tiny_reference("ltx2")            # the tiny LTX-2 of the family tests, widened to 128 channels
+        torch.manual_seed(0)
+        model = type(tiny).from_config({**tiny.config, "latent_channels": 128})
+        save_file({k: v.float().contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
 def diffusers_wan_posterior(x: torch.Tensor):
     """diffusers' AutoencoderKLWan (the same tiny weights) on clips in 0..1: (mean, logvar) of its posterior."""
     from video_families import tiny_reference

@@ -206,7 +206,8 @@ def test_every_musubi_architecture_keys_its_latents_as_its_cache_script(tmp_path
     mean = torch.randn((1, a.channels, 3, 5, 7) if a.frames else (1, a.channels, 5, 7))
     path = tmp_path / fmt.path(item)
     fmt.write(path, item, mean, None, {})
-    name = f"clip_00008-009_1280x0720_{full}.safetensors" if video else f"clip_1280x0720_{full}.safetensors"
+    # the short name in the file name: musubi-tuner's datasets glob "*_{short}.safetensors"
+    name = f"clip_00008-009_1280x0720_{arch}.safetensors" if video else f"clip_1280x0720_{arch}.safetensors"
     assert path.name == name
     with safe_open(str(path), "pt") as f:
         k = key.format(F=3, H=5, W=7)
@@ -224,3 +225,78 @@ def test_musubi_architectures_a_vae_cannot_make_are_refused_with_the_reason(arch
     from vae.errors import InputError
     with pytest.raises(InputError, match="SigLIP|control image|unknown musubi"):
         formats.make("musubi", arch)
+
+
+def test_ltx2_fork_files_carry_its_names_keys_dtype_and_source_identity(data):
+    """The LTX-2 fork of musubi-tuner (AkaneTendo25/musubi-tuner, branch ltx-2, e0e570f4): file names
+    ``{name}[_{start:05d}-{frames:03d}]_{W:04d}x{H:04d}_ltx2.safetensors`` (dataset/image_video_dataset.py:2213-2227,
+    :3614; architecture "ltx2" in dataset/architectures.py:6); keys ``latents_{F}x{H}x{W}_{dtype}`` [C, F, H, W]
+    and metadata ``architecture`` "ltx2_v1", ``format_version`` 1.0.1, ``frame_count`` (dataset/cache_io.py:133-155,
+    :380-397) plus ``source_path`` relative to the cache folder, ``source_path_format``, ``source_size``,
+    ``source_mtime_ns``, ``target_fps``, ``duration_seconds`` (cache_io.py:50-88); the encoder's normalised mean
+    (ltx_2/model/video_vae/video_vae.py:314-316) in bfloat16 (ltx2_cache_latents.py:153, :1617)."""
+    tmp, folder = data
+    ltx2 = cache_data.ltx2_vae_file(tmp)
+    out, ours = tmp / "ltx2_fork", tmp / "ltx2_fork_ours"
+    _cache(out, ltx2, [folder / "a.mp4", folder / "d.png"], format="musubi", arch="ltx2", resolution="64x64",
+           frames=(9,))
+    _cache(ours, ltx2, [folder / "a.mp4"], resolution="64x64", frames=(9,), bucket_step=32)
+    from safetensors import safe_open
+    names = sorted(p.name for p in out.iterdir() if p.suffix == ".safetensors")
+    assert names == ["a_00000-009_0096x0064_ltx2.safetensors", "d_0100x0060_ltx2.safetensors"]
+    for name, src in zip(names, ("a.mp4", "d.png")):
+        st = os.stat(folder / src)
+        with safe_open(str(out / name), "pt") as f:
+            meta, keys = f.metadata(), list(f.keys())
+            z = f.get_tensor(keys[0])
+        frames = 2 if src == "a.mp4" else 1                   # 9 frames -> 1 + 8/8 latent frames; an image: one
+        assert keys == [f"latents_{frames}x2x2_bfloat16"] and z.dtype == torch.bfloat16 and z.shape == (128, frames, 2, 2)
+        expect = {"architecture": "ltx2_v1", "width": str(_size(folder / src)[0]), "height": str(_size(folder / src)[1]),
+                  "format_version": "1.0.1", "source_path": f"../data/{src}", "source_path_format": "relative_to_cache",
+                  "source_size": str(st.st_size), "source_mtime_ns": str(st.st_mtime_ns)}
+        if src == "a.mp4":
+            expect.update(frame_count="9", target_fps="24.0", duration_seconds=str(9 / 24.0))
+        assert meta == expect
+    from safetensors.torch import load_file
+    mean = load_file(str(ours / "a_00000-009.safetensors"))["mean"]       # normalised, as the fork's encoder gives it
+    with safe_open(str(out / names[0]), "pt") as f:
+        z = f.get_tensor(list(f.keys())[0]).float()
+    assert (z - mean).abs().max() <= 1e-2 * max(1.0, float(mean.abs().max()))
+
+
+def _size(path: Path) -> tuple[int, int]:
+    """W, H of an image or video."""
+    from vae.cache import media
+    return media.probe(path, 1).size
+
+
+def test_an_ltx_vae_gets_the_ltx2_architecture_only_when_named(data):
+    """LTX-Video 0.9 and LTX-2 files share the encoder's shapes: musubi's ltx2 is never guessed."""
+    from vae.cache import formats
+    from vae.loading import load
+    tmp, _ = data
+    vae = load(str(cache_data.ltx2_vae_file(tmp)))
+    assert formats.default_arch(vae) is None
+    formats.make("musubi", "ltx2").check(vae)                 # named, it is accepted
+
+
+def test_ltx2_forks_own_loader_batches_our_files(data):
+    tmp, folder = data
+    out = tmp / "ltx2_fork_loader"
+    _cache(out, cache_data.ltx2_vae_file(tmp), [folder / "a.mp4"], format="musubi", arch="ltx2", resolution="64x64",
+           frames=(9,), fps=25.0)
+    from safetensors.torch import save_file
+    save_file({"text_bfloat16": torch.zeros(3, 8, dtype=torch.bfloat16)}, str(out / "a_ltx2_te.safetensors"))
+    src = Path(os.environ.get("MUSUBI_LTX2_DIR", ".")) / "src"
+    got = _loader("MUSUBI_LTX2_DIR", f"""
+import json, sys
+sys.path.insert(0, {str(src)!r})
+from musubi_tuner.dataset.image_video_dataset import VideoDataset
+ds = VideoDataset((64, 64), None, 1, 1, True, False, video_directory={str(folder)!r}, cache_directory={str(out)!r},
+                  target_frames=[9], architecture="ltx2")
+ds.prepare_for_training()
+latents = ds.batch_manager[0]["latents"]           # the fork batches a dict: latents and their frame facts
+print(json.dumps({{"latents": list(latents["latents"].shape), "dtype": str(latents["latents"].dtype),
+                  "num_frames": latents["num_frames"].tolist()}}))
+""", tmp)
+    assert got == {"latents": [1, 128, 2, 2, 2], "dtype": "torch.bfloat16", "num_frames": [2]}

@@ -8,11 +8,15 @@ float32; the metadata ``vaekit_cache`` is the item's manifest record (JSON). A t
 
 ``musubi`` (kohya-ss/musubi-tuner, per architecture ``--arch``): ``{name}_{start:05d}-{frames:03d}_{W:04d}x
 {H:04d}_{arch}.safetensors`` for a video clip and ``{name}_{W:04d}x{H:04d}_{arch}.safetensors`` for an image
-(W x H: the source's size, from which musubi-tuner buckets again at training), the tensor
-``latents_{F}x{H}x{W}_{dtype}`` [C, F, H, W] (Flux.2: ``latents_{H}x{W}_{dtype}`` [C, H, W]) and the metadata
-``architecture``, ``width``, ``height``, ``format_version`` 1.0.1 and, for clips, ``frame_count``. The latent
-is the posterior's mode (musubi-tuner's Wan, Qwen-Image and HunyuanVideo 1.5 scripts store the mode;
-its HunyuanVideo script one sample), normalised as its scripts normalise it, in its scripts' default dtype.
+(W x H: the source's size, from which musubi-tuner buckets again at training; ``arch`` the short name, which
+its datasets glob for), the tensor ``latents_{F}x{H}x{W}_{dtype}`` [C, F, H, W] (Flux.2: ``latents_{H}x{W}_
+{dtype}`` [C, H, W]) and the metadata ``architecture`` (the full name), ``width``, ``height``, ``format_version``
+1.0.1 and, for clips, ``frame_count``. The latent is the posterior's mode (musubi-tuner's Wan, Qwen-Image and
+HunyuanVideo 1.5 scripts store the mode; its HunyuanVideo script one sample), normalised as its scripts
+normalise it, in its scripts' default dtype. The LTX-2 fork's ``ltx2`` (AkaneTendo25/musubi-tuner) adds the
+source's identity to the metadata: ``source_path`` (relative to the cache file's folder, with
+``source_path_format`` ``relative_to_cache``), ``source_size``, ``source_mtime_ns`` and, for a clip with a
+frame rate, ``target_fps`` and ``duration_seconds``.
 
 ``ltx2`` (Lightricks/LTX-2's trainer, ``process_videos.py``): ``<relative path>.pt``, a ``torch.save`` of
 ``{"latents": [C, F', H', W'] bfloat16, "num_frames", "height", "width": ints (latent), "fps": float}``
@@ -22,6 +26,7 @@ encoder returns it.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -61,6 +66,8 @@ class MusubiArch:
     frames: bool                  # F in the key (all but Flux.2)
     videos: bool                  # takes video clips (else images only)
     normalise: Optional[tuple[tuple[float, ...], tuple[float, ...]]] = None
+    source_identity: bool = False     # the source's path, size and mtime in the metadata (the LTX-2 fork)
+    by_default: bool = True           # the architecture a VAE of its family gets without --arch
 
 
 MUSUBI = {a.short: a for a in (
@@ -71,6 +78,10 @@ MUSUBI = {a.short: a for a in (
     MusubiArch("f2d", "flux_2_dev", "flux2", 128, torch.float32, False, False),
     MusubiArch("f2k4b", "flux_2_klein_4b", "flux2", 128, torch.float32, False, False),
     MusubiArch("f2k9b", "flux_2_klein_9b", "flux2", 128, torch.float32, False, False),
+    # the LTX-2 fork (AkaneTendo25/musubi-tuner, branch ltx-2): its encoder returns the normalised mean
+    # (ltx_2/model/video_vae/video_vae.py:314-316), cached in bfloat16 (ltx2_cache_latents.py:1617, :153);
+    # LTX-Video 0.9 files have the same encoder, so an LTX VAE gets it only when named
+    MusubiArch("ltx2", "ltx2_v1", "ltx", 128, torch.bfloat16, True, True, source_identity=True, by_default=False),
 )}
 # what musubi-tuner needs besides a VAE's latents for these (so we do not write files it cannot train on)
 MUSUBI_UNSUPPORTED = {
@@ -159,7 +170,9 @@ class Musubi(Format):
     def path(self, item: Item) -> Path:
         w, h = item.size
         clip = f"_{item.start:05d}-{item.frames:03d}" if item.video else ""
-        return Path(f"{item.name}{clip}_{w:04d}x{h:04d}_{self.arch.full}{self.suffix}")
+        # the short name: musubi-tuner's datasets glob "*_{architecture}.safetensors" with the short one
+        # (dataset/image_video_dataset.py get_latent_cache_path; config_utils.py "short style like hv")
+        return Path(f"{item.name}{clip}_{w:04d}x{h:04d}_{self.arch.short}{self.suffix}")
 
     def _stats(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(torch.tensor(v).view(-1, *([1] * (z.dim() - 1))) for v in self.arch.normalise)
@@ -189,7 +202,22 @@ class Musubi(Format):
                 "format_version": "1.0.1"}
         if item.video:
             meta["frame_count"] = str(item.frames)
+        if self.arch.source_identity:
+            meta.update(_source_identity(path, item, record["source"]))
         save_file({f"latents_{shape}_{DTYPE_NAMES[z.dtype]}": z}, str(path), metadata=meta)
+
+
+def _source_identity(path: Path, item: Item, source: dict) -> dict[str, str]:
+    """The LTX-2 fork's freshness metadata (dataset/cache_io.py build_source_freshness_metadata): the
+    source's path relative to the cache file's folder, its size and mtime (those the manifest recorded),
+    and for a clip its frame rate and length in seconds."""
+    where = os.path.relpath(os.path.abspath(source["path"]), os.path.abspath(path.parent)).replace(os.sep, "/")
+    meta = {"source_path": where, "source_path_format": "relative_to_cache", "source_size": str(source["size"]),
+            "source_mtime_ns": str(source["mtime_ns"])}
+    if item.video and item.fps:
+        meta["target_fps"] = str(float(item.fps))
+        meta["duration_seconds"] = str(float(item.frames) / float(item.fps))
+    return meta
 
 
 class LTX2(Format):
@@ -233,5 +261,6 @@ def make(name: str, arch: Optional[str] = None, dtype: Optional[torch.dtype] = N
 
 def default_arch(vae) -> Optional[str]:
     """The musubi-tuner architecture a VAE's latents train, when only one of them fits it (video first)."""
-    fits = [a.short for a in MUSUBI.values() if a.family == vae.spec.id and a.channels == vae.caps.latent_channels_packed]
+    fits = [a.short for a in MUSUBI.values()
+            if a.by_default and a.family == vae.spec.id and a.channels == vae.caps.latent_channels_packed]
     return fits[0] if len(fits) == 1 or (fits and MUSUBI[fits[0]].videos) else None

@@ -24,8 +24,8 @@ def add(command, quiet: dict) -> None:
     s.add_argument("--format", choices=("vaekit", "musubi", "ltx2"), default="vaekit",
                    help="vaekit: mean and log-variance (ours); musubi: musubi-tuner's files (--arch); ltx2: LTX-2's "
                         "trainer's .pt files (default: %(default)s)")
-    s.add_argument("--arch", help="musubi-tuner's architecture: wan, hv, hv15, qi, f2d, f2k4b, f2k9b (default: the "
-                                  "one this VAE's latents train)")
+    s.add_argument("--arch", help="musubi-tuner's architecture: wan, hv, hv15, qi, f2d, f2k4b, f2k9b, or ltx2 (the "
+                                  "LTX-2 fork's; named, never the default) (default: the one this VAE's latents train)")
     g = s.add_argument_group("buckets")
     g.add_argument("--resolution", help="WxH: buckets of this area, by aspect ratio (musubi-tuner's rule); default: "
                                         "each source's own size rounded down to the bucket step")
