@@ -190,7 +190,7 @@ class Env:
 
 
 def send(**message) -> None:
-    """One message of a row's process to the parent (a no-op's worth of stdout in the parent itself)."""
+    """One message of a row's process to the check (on its stdout, which the check reads)."""
     print(TAG + json.dumps(message), flush=True)
 
 
