@@ -12,8 +12,8 @@ Rows (docs/gpu.md says what each measures, its target and its time on an H100):
      bf16 and fp16 on the device against the CPU's fp32, the fp16 NaN guard where it must act, and
      exact tiles on the device (the copies to host memory, parked tiles) against the CPU's one pass;
   b  Wan 2.1 (published config, random weights) bf16 decode 1280x720x81 in a 4 GiB budget, as a user
-     calls it: allocated and reserved peaks against the budget and the prediction, max abs and time
-     against one pass, host memory; then the same plan without ``empty_cache`` between stages;
+     calls it: allocated and reserved peaks against the budget and the prediction, then max abs and
+     time against one pass, host memory; then the same plan without ``empty_cache`` between stages;
   d  Wan 2.1 tiled encode 1280x720x81 in 4 GiB; an SDXL-shape KL decode at 2048 px in 2 GiB (tiles
      meeting in rounds, paused tiles parked in host memory);
   e  the replan: the process capped (``set_per_process_memory_fraction``) below one pass's need, a
@@ -26,11 +26,15 @@ Rows (docs/gpu.md says what each measures, its target and its time on an H100):
      weights and latent, time and peak;
   n  several devices (more than one GPU visible: NCCL; ``--device cpu``: two CPU ranks, gloo).
 
-Every row catches its own failure (an exception or out-of-memory error is reported in its line and the
-next row runs). A time guard skips a row whose estimate does not fit what is left of ``--limit`` (480 s)
-and says so; a row still running at the limit is stopped. Plans and the CPU references of row a are
-computed in helper processes on the host's other cores while the device works. Weights are random,
-drawn on the device under a fixed seed (bench/harness/configs.py); nothing is downloaded.
+Each row runs in a process of its own, which sends its lines to this one as it measures them: a sticky
+CUDA error or a crash ends that row, and the table goes on with the next (the row's line then says what
+it had reached and why it ended: exit code or signal, last error line). Inside a row, an exception or
+out-of-memory error is reported in its line. Each row's time limit is its share of the time left of
+``--limit`` (480 s), in proportion to its estimate among the rows still to run; a row stopped at its
+limit prints what it reached (rows b, c and d: units of work done, time, memory so far), and one that
+does not stop is killed. Plans and the CPU references of row a are computed in helper processes on the
+host's other cores while the device works. Weights are random, drawn on the device under a fixed seed
+(bench/harness/configs.py); nothing is downloaded.
 """
 from __future__ import annotations
 
@@ -39,20 +43,27 @@ import contextlib
 import copy
 import dataclasses
 import datetime
+import functools
 import gc
+import hashlib
+import json
 import logging
 import math
 import multiprocessing
 import os
+import pickle
 import platform
+import queue
 import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, NoReturn, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 for _p in (str(ROOT / "bench"), str(ROOT)):
@@ -62,16 +73,22 @@ for _p in (str(ROOT / "bench"), str(ROOT)):
 import torch  # noqa: E402
 
 from harness import configs  # noqa: E402
-from harness.measure import reset_peak, vm_hwm_kib, vm_rss_kib  # noqa: E402
+from harness.measure import HostPeak  # noqa: E402
 
 MIB, GIB = 1 << 20, 1 << 30
 LIMIT_S = 480
 ORDER = "abdekcfgn"
-# seconds each row is expected to take: (one H100, default sizes; this 2-core CPU, --small). The GPU
-# figures are estimates (docs/gpu.md: from the FLOPs counted on the meta device at an assumed 60 TFLOPS
-# in bf16, and the planner's CPU time measured here); the check prints what each row really took.
-ESTIMATE_S = {"a": (60, 50), "b": (95, 8), "d": (65, 8), "e": (30, 5), "k": (30, 8), "c": (150, 8),
-              "f": (90, 8), "g": (60, 20), "n": (60, 15)}
+# seconds each row is expected to take, its process's start included: (one H100, default sizes; a
+# shared 2-core CPU, --small). The GPU figures are estimates (docs/gpu.md: from the FLOPs counted on the
+# meta device at an assumed 60 TFLOPS in bf16, and the planner's CPU time measured here); the CPU
+# figures were measured. They weigh each row's share of the time left (``row_limit``); the check prints
+# what each row really took.
+ESTIMATE_S = {"a": (60, 110), "b": (95, 30), "d": (65, 35), "e": (30, 20), "k": (30, 25), "c": (150, 30),
+              "f": (90, 25), "g": (60, 30), "n": (60, 50)}
+MIN_ROW_S = 10      # a share shorter than this is not worth a process (its start alone takes seconds)
+GRACE_S = 20        # a row's process still running this long after its limit is killed
+TAG = "@gpu_check "     # a row's process to this one: one JSON message a line on its stdout
+CHILD_SCRIPT = Path(__file__).resolve()         # what a row's process runs
 # half precision against fp32 on 0..1 pixels (decode) and latents (encode): relative RMS error (of the
 # difference over the reference). The CPU's own bf16 / fp16 at these configs give at most: decode
 # 0.041 / 0.0041 (HunyuanVideo), encode 0.099 (SeedVR2) / 0.0066; the limits are about three times that
@@ -91,7 +108,7 @@ SMALL_FAMILIES = ("kl", "tiny", "wan", "qwen21", "mochi")     # --small: every f
 @dataclasses.dataclass
 class Line:
     case: str
-    result: str          # ok, FAIL, info, skipped, error, needs CUDA
+    result: str          # ok, FAIL, info, skipped, stopped (at its time limit), error, needs CUDA
     figures: str
     target: str = ""
 
@@ -125,18 +142,26 @@ class TimeUp(BaseException):
 # ---- the run's environment ----------------------------------------------------------------------
 
 class Env:
+    """The run's options and state; in a row's process (``--child``), that row's: its deadline, the
+    helpers' results read from the run's folder, and what the row has reached so far."""
+
     def __init__(self, a):
+        self.args = a
         self.device = torch.device(a.device)
         self.cuda = self.device.type == "cuda"
         self.small = a.small
-        self.limit = a.limit
+        self.limit = a.row_limit or a.limit
         self.start = time.perf_counter()
+        self.until = a.until or time.time() + a.limit       # wall clock: shared with the rows' processes
+        self.run_dir: Optional[Path] = Path(a.run_dir) if a.run_dir else None
+        self.reached = ""            # what the row has measured since its last line (sent to the parent)
+        self.meter: Optional[Meter] = None      # the measurement running now
         self.comfyui = a.comfyui
         self.full_untiled = a.full_untiled
         self.calibrate = a.calibrate
         self.families = a.families.split(",") if a.families else None
-        self.points: list[tuple[str, int, int, int]] = []     # (case, live, allocated, reserved)
-        self.helpers: Optional[Helpers] = None
+        self.points: list[tuple[str, int, int, int]] = _read_points(self.run_dir)   # (case, live, allocated, reserved)
+        self.helpers = None          # Helpers in the parent, Results in a row's process
         self.host = torch.device("cpu")
         self.models = "TEST" if self.small else "PUBLISHED"      # --small: the tests' tiny configs
 
@@ -152,11 +177,21 @@ class Env:
         return torch.bfloat16 if self.cuda else torch.float32
 
     def left(self) -> float:
-        return self.limit - (time.perf_counter() - self.start)
+        return self.until - time.time()
+
+    def reach(self, text: str) -> None:
+        """Say what the row has reached (sent at once: if its process dies, the parent still prints it)."""
+        self.reached = text
+        send(reached=text)
 
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
+
+
+def send(**message) -> None:
+    """One message of a row's process to the check (on its stdout, which the check reads)."""
+    print(TAG + json.dumps(message), flush=True)
 
 
 @dataclasses.dataclass
@@ -164,13 +199,22 @@ class Peak:
     seconds: float
     allocated: int       # CUDA: max_memory_allocated - allocated before; CPU: peak RSS - RSS before
     reserved: int        # CUDA: max_memory_reserved - reserved before; CPU: the same as allocated
-    host: int            # peak RSS - RSS before (output, maps, staging buffers), -1 if unknown
+    host: int            # peak RSS - RSS before (output, maps, staging buffers)
+    how: str = "VmHWM"   # how the host peak was found (harness.measure.HostPeak)
 
     def text(self, cuda: bool) -> str:
-        host = f", host {mib(self.host)}" if self.host >= 0 else ""
         if cuda:
-            return f"allocated {mib(self.allocated)}, reserved {mib(self.reserved)}{host}, {self.seconds:.1f} s"
-        return f"working set {mib(self.allocated)}, {self.seconds:.1f} s"
+            return (f"allocated {mib(self.allocated)}, reserved {mib(self.reserved)}, host {mib(self.host)} "
+                    f"({self.how}), {self.seconds:.1f} s")
+        return f"working set {mib(self.allocated)} ({self.how}), {self.seconds:.1f} s"
+
+
+@dataclasses.dataclass
+class Meter:
+    """The baselines of the measurement running now, for what it has used so far."""
+    allocated: int
+    reserved: int
+    host: HostPeak
 
 
 def mib(n: float) -> str:
@@ -180,24 +224,53 @@ def mib(n: float) -> str:
 def measured(env: Env, fn: Callable[[], object]) -> tuple[object, Peak]:
     """``fn()``, its time and the peaks of what it added on the device and the host."""
     gc.collect()
+    a0 = r0 = 0
     if env.cuda:
         env.sync()
         torch.cuda.empty_cache()
         a0, r0 = torch.cuda.memory_allocated(env.device), torch.cuda.memory_reserved(env.device)
         torch.cuda.reset_peak_memory_stats(env.device)
-    rss0 = vm_rss_kib()
-    known = reset_peak()
-    t0 = time.perf_counter()
-    out = fn()
-    env.sync()
-    seconds = time.perf_counter() - t0
-    host = (vm_hwm_kib() - rss0) * 1024 if known else -1
+    with HostPeak() as host:
+        env.meter = Meter(a0, r0, host)
+        try:
+            t0 = time.perf_counter()
+            out = fn()
+            env.sync()
+            seconds = time.perf_counter() - t0
+        finally:
+            env.meter = None
+    alloc = res = host.bytes()
     if env.cuda:
         alloc = torch.cuda.max_memory_allocated(env.device) - a0
         res = torch.cuda.max_memory_reserved(env.device) - r0
-    else:
-        alloc = res = max(host, 0)
-    return out, Peak(seconds, alloc, res, host)
+    return out, Peak(seconds, alloc, res, host.bytes(), host.method)
+
+
+def so_far(env: Env) -> str:
+    """What the measurement running now has used so far (device and host peaks above its start)."""
+    m = env.meter
+    if m is None:
+        return "no measurement running"
+    host = f"{mib(m.host.bytes())} ({m.host.method})"
+    if not env.cuda:
+        return f"working set so far {host}"
+    return (f"allocated so far {mib(torch.cuda.max_memory_allocated(env.device) - m.allocated)}, reserved so far "
+            f"{mib(torch.cuda.max_memory_reserved(env.device) - m.reserved)}, host so far {host}")
+
+
+def progress(env: Env, what: str) -> Callable[[int, int], None]:
+    """A call's progress callback that reports what the call has reached (units of work done, time,
+    memory so far), at most once a second: a row stopped at its limit, or whose process dies, still says
+    how far its long call got."""
+    t0, last = time.perf_counter(), [-1.0]
+
+    def report(done: int, total: int) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= 1 or done >= total:
+            last[0] = now
+            env.reach(f"{what}: {done}/{total} units of work (tiles x chunks, by cost) in {now - t0:.1f} s; "
+                      f"{so_far(env)}")
+    return report
 
 
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -324,18 +397,32 @@ def _checksum(model: torch.nn.Module) -> float:
     return float(sum(p.detach().double().sum().cpu() for p in model.parameters()))
 
 
-class Helpers:
-    """A pool of processes (spawned: no CUDA state inherited) for the CPU's share of the check."""
+def _result_path(run_dir: Path, key) -> Path:
+    return run_dir / f"job_{hashlib.sha1(repr(key).encode()).hexdigest()[:16]}.pkl"
 
-    def __init__(self, workers: int):
+
+def _store(path: Path, future) -> None:
+    """A helper's result, or its failure, written (whole, by a rename) where the rows' processes read it."""
+    try:
+        value = ("ok", future.result())
+    except BaseException as e:      # noqa: BLE001 - the row that needs it reports it
+        value = ("error", _error_text(e))
+    with contextlib.suppress(OSError):          # the run's folder is gone: the run has ended
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(value))
+        os.replace(tmp, path)
+
+
+class Helpers:
+    """A pool of processes (spawned: no CUDA state inherited) for the CPU's share of the check; each
+    result goes to a file of the run's folder, read there by the row that needs it (``Results``)."""
+
+    def __init__(self, workers: int, run_dir: Path):
         self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-        self.jobs: dict = {}
+        self.run_dir = run_dir
 
     def submit(self, key, fn, *args) -> None:
-        self.jobs[key] = self.pool.submit(fn, *args)
-
-    def get(self, key, env: Env):
-        return self.jobs[key].result(timeout=max(1.0, env.left()))
+        self.pool.submit(fn, *args).add_done_callback(functools.partial(_store, _result_path(self.run_dir, key)))
 
     def close(self) -> None:
         """Stops the helpers at once: a plan still running for a row that was skipped would otherwise
@@ -347,6 +434,24 @@ class Helpers:
                 proc.terminate()
         for proc in procs:
             proc.join(10)
+
+
+class Results:
+    """In a row's process: the helpers' results, as the parent's helpers write them."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+
+    def get(self, key, env: Env):
+        path = _result_path(self.run_dir, key)
+        while not path.exists():
+            if env.left() <= 0:
+                raise TimeoutError(f"no helper result for {key!r} in the row's time")
+            time.sleep(0.1)
+        kind, value = pickle.loads(path.read_bytes())
+        if kind == "error":
+            raise RuntimeError(f"in a helper process: {value}")
+        return value
 
 
 # ---- sizes per mode -----------------------------------------------------------------------------
@@ -548,7 +653,19 @@ def _budget_line(env: Env, case: str, peak: Peak, budget: int, pred: dict, err: 
 
 
 def _point(env: Env, case: str, live: int, peak: Peak) -> None:
-    env.points.append((case, live, peak.allocated, peak.reserved))
+    """A calibration point, kept for row k's fit (in the run's folder: each row has its own process)."""
+    point = (case, live, peak.allocated, peak.reserved)
+    env.points.append(point)
+    if env.run_dir is not None:
+        with (env.run_dir / "points.jsonl").open("a") as f:
+            f.write(json.dumps(point) + "\n")
+
+
+def _read_points(run_dir: Optional[Path]) -> list[tuple[str, int, int, int]]:
+    path = run_dir / "points.jsonl" if run_dir else None
+    if path is None or not path.exists():
+        return []
+    return [tuple(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 def row_b(env: Env) -> Iterator[Line]:
@@ -563,29 +680,29 @@ def row_b(env: Env) -> Iterator[Line]:
     warm = z[:, :, :2, :16, :16]              # the device's first kernels and workspaces, outside the timings
     v.decode(warm)
     v.decode(warm, tile=64, mode="exact")
-    ref, p1 = measured(env, lambda: v.decode(z))
-    _point(env, f"{name} one pass", one_pred.live, p1)
-    yield Line(f"{name}: one pass", "info", f"{p1.text(env.cuda)}; predicted {mib(one_pred.device)}")
     plan = env.helpers.get("b", env)
     budget, start = plan["budget"], []
-
     most = dict(tile=plan["most"]) if plan["most"] else {}     # --small: tiles of at most this size
+    case = f"{name}: exact in {mib(budget)}, as a user calls it" + (f" (tiles at most {most['tile']} px)" if most else "")
 
     def call():
         start.append(time.time())
-        return v.decode(z, mode="exact", budget=budget, **most)
+        return v.decode(z, mode="exact", budget=budget, progress=progress(env, case), **most)
+    # the budget first (the row's point), one pass after it: a row stopped in the one pass has its figures
     with logged() as records:
         out, pe = measured(env, call)
     planned = [r for r in records if "predicted" in r.getMessage()]
     plan_s = planned[0].created - start[0] if planned else float("nan")
     same = bool(planned) and plan["describe"] in planned[0].getMessage()
     _point(env, f"{name} exact {plan['tile']} px", plan["live"], pe)
-    yield _budget_line(env, f"{name}: exact in {mib(budget)}, as a user calls it"
-                       + (f" (tiles at most {most['tile']} px)" if most else ""), pe, budget, plan,
-                       max_abs(out, ref), p1, "max abs <= 0.05 (bf16 rounds per tile shape)",
+    env.reach(f"{case}: " + _budget_line(env, case, pe, budget, plan, float("nan"), None, "").figures)
+    ref, p1 = measured(env, lambda: v.decode(z))
+    _point(env, f"{name} one pass", one_pred.live, p1)
+    yield Line(f"{name}: one pass", "info", f"{p1.text(env.cuda)}; predicted {mib(one_pred.device)}")
+    yield _budget_line(env, case, pe, budget, plan, max_abs(out, ref), p1, "max abs <= 0.05 (bf16 rounds per tile shape)",
                        f"of which planning {plan_s:.1f} s (without it {(pe.seconds - plan_s) / max(p1.seconds, 1e-9):.2f}x)"
                        + ("" if same else f"; the call planned otherwise: {planned[0].getMessage() if planned else '?'}"))
-    del out
+    del out, ref
     if env.cuda and env.left() > 2 * pe.seconds:
         transfer.EMPTY_CACHE_BETWEEN_STAGES = False
         try:
@@ -608,20 +725,22 @@ def row_c(env: Env) -> Iterator[Line]:
     z = latent(env.entry("wan"), hwt, seed=1)
     name = f"{env.label('wan')} {hwt[1]}x{hwt[0]}x{hwt[2]} {str(dtype).removeprefix('torch.')}"
     plan = env.helpers.get("c", env)
-    out, pe = measured(env, lambda: v.decode(z, tile=plan["tile"], tile_frames=plan["tile_frames"], mode="exact"))
+    case = f"{name}: exact in {mib(plan['budget'])}"
+    out, pe = measured(env, lambda: v.decode(z, tile=plan["tile"], tile_frames=plan["tile_frames"], mode="exact",
+                                             progress=progress(env, case)))
     _point(env, f"{name} exact {plan['tile']} px", plan["live"], pe)
+    env.reach(f"{case}: " + _budget_line(env, case, pe, plan["budget"], plan, float("nan"), None, "").figures)
     err, ref, note = float("nan"), None, "one pass"
     if env.full_untiled:
         ref_full, ref = measured(env, lambda: v.decode(z))
         err = max_abs(out, ref_full)
         del ref_full
-    elif env.left() > 60 or env.small:
+    elif env.left() > 30 or env.small:
         first = v.decode(z[:, :, :5])       # causal in time: its frames are the clip's first ones
         err = max_abs(out[:, :, :first.shape[2]], first)
         note = f"one pass of the first {first.shape[2]} frames"
         del first
-    yield _budget_line(env, f"{name}: exact in {mib(plan['budget'])}", pe, plan["budget"], plan, err, ref,
-                       f"max abs <= 0.05 vs {note}", f"plan {plan['seconds']:.0f} s in a helper process; "
+    yield _budget_line(env, case, pe, plan["budget"], plan, err, ref, f"max abs <= 0.05 vs {note}", f"plan {plan['seconds']:.0f} s in a helper process; "
                        f"host held maps {mib(plan['maps'])} + output {mib(plan['output'])} predicted")
 
 
@@ -652,7 +771,8 @@ def _d_encode(env: Env) -> Iterator[Line]:
     _point(env, f"{name} one pass", one_pred.live, p1)
     yield Line(f"{name}: one pass", "info", f"{p1.text(env.cuda)}; predicted {mib(one_pred.device)}")
     plan = env.helpers.get("d_enc", env)
-    out, pe = measured(env, lambda: v.encode(x, tile=plan["tile"], tile_frames=plan["tile_frames"], mode="exact"))
+    out, pe = measured(env, lambda: v.encode(x, tile=plan["tile"], tile_frames=plan["tile_frames"], mode="exact",
+                                             progress=progress(env, f"{name}: exact")))
     _point(env, f"{name} exact {plan['tile']} px", plan["live"], pe)
     yield _budget_line(env, f"{name}: exact in {mib(plan['budget'])}", pe, plan["budget"], plan, max_abs(out, ref),
                        p1, "max abs <= 0.05 (latent, bf16)", f"plan {plan['seconds']:.0f} s in a helper process")
@@ -669,7 +789,7 @@ def _d_rounds(env: Env) -> Iterator[Line]:
     _point(env, f"{name} one pass", one_pred.live, p1)
     yield Line(f"{name}: one pass", "info", f"{p1.text(env.cuda)}; predicted {mib(one_pred.device)}")
     plan = env.helpers.get("d_kl", env)
-    out, pe = measured(env, lambda: v.decode(z, tile=plan["tile"], mode="exact"))
+    out, pe = measured(env, lambda: v.decode(z, tile=plan["tile"], mode="exact", progress=progress(env, f"{name}: exact")))
     _point(env, f"{name} exact {plan['tile']} px", plan["live"], pe)
     yield _budget_line(env, f"{name}: exact in {mib(plan['budget'])} (tiles in rounds, parked)", pe,
                        plan["budget"], plan, max_abs(out, ref), p1, "max abs <= 0.05 (bf16)",
@@ -852,9 +972,6 @@ def row_f(env: Env) -> Iterator[Line]:
 # ---- row g: beside ComfyUI core -------------------------------------------------------------------------
 
 def row_g(env: Env) -> Iterator[Line]:
-    if not env.comfyui:
-        yield Line("beside ComfyUI core", "skipped", "no --comfyui DIR given (no ComfyUI on this machine)")
-        return
     sys.path.insert(0, str(Path(env.comfyui).resolve()))
     from comfy.cli_args import args
     args.cpu = not env.cuda
@@ -886,9 +1003,6 @@ def row_g(env: Env) -> Iterator[Line]:
 # ---- row n: several devices ------------------------------------------------------------------------------
 
 def row_n(env: Env) -> Iterator[Line]:
-    if env.cuda and torch.cuda.device_count() < 2:
-        yield Line("two devices (NCCL)", "skipped", f"{torch.cuda.device_count()} GPU visible")
-        return
     from safetensors.torch import save_file
 
     import vae
@@ -937,53 +1051,176 @@ def _alarm(signum, frame):
     raise TimeUp()
 
 
-def row_limit(env: Env, key: str) -> float:
-    """A row's own time limit, so that one row running long does not take the time of the rows after
-    it: twice its estimate on the device; at --small four times, and at least 3 minutes (a shared CPU
-    under load runs several times slower)."""
-    if env.small:
-        return max(180, 4 * ESTIMATE_S[key][1])
-    return 2 * ESTIMATE_S[key][0]
+def estimate(env: Env, key: str) -> float:
+    return ESTIMATE_S[key][1 if env.small else 0]
 
 
-def run_row(env: Env, table: Table, key: str) -> bool:
-    """One row, its failures caught; False when the run's time limit stopped it (a row stopped at its
-    own limit is reported and the next row runs)."""
+def skip_reason(env: Env, key: str) -> Optional[str]:
+    """Why row ``key`` cannot run here (it is then skipped without a process, and takes no share)."""
+    if key == "g" and not env.comfyui:
+        return "no --comfyui DIR given (no ComfyUI on this machine)"
+    if key == "n" and env.cuda and torch.cuda.device_count() < 2:
+        return f"{torch.cuda.device_count()} GPU visible"
+    return None
+
+
+def row_limit(env: Env, key: str, rest: str) -> float:
+    """Row ``key``'s time limit: its share of the time left, in proportion to its estimate among the rows
+    still to run (``key``, then ``rest``). A row slower than estimated takes no time from the rows after
+    it, and the time a row leaves unused goes to them."""
+    weights = {k: estimate(env, k) for k in key + rest if not skip_reason(env, k)}
+    return env.left() * weights[key] / sum(weights.values())
+
+
+def run_row(env: Env, table: Table, key: str, rest: str) -> None:
+    """Row ``key`` in a process of its own, within its share of the time left (``rest``: the rows after
+    it); whatever happens to it, the table goes on."""
+    title = ROWS[key][0]
+    why = skip_reason(env, key)
+    if why:
+        table.line(key, Line(title, "skipped", why), 0)
+        return
+    limit = row_limit(env, key, rest)
+    if limit < MIN_ROW_S:
+        table.line(key, Line(title, "skipped", f"needs ~{estimate(env, key):.0f} s; its share of the "
+                             f"{env.left():.0f} s left of {env.limit:.0f} s is {limit:.0f} s"), 0)
+        return
+    try:
+        in_process(env, table, key, limit)
+    except Exception as e:          # noqa: BLE001 - the check's own failure around one row: reported
+        table.line(key, Line(title, "error", f"running the row's process: {_error_text(e)}"), 0)
+
+
+def child_command(env: Env, key: str, until: float, limit: float) -> list[str]:
+    a = env.args
+    cmd = [sys.executable, str(CHILD_SCRIPT), "--device", a.device, "--limit", str(a.limit), "--child", key,
+           "--run-dir", str(env.run_dir), "--until", repr(until), "--row-limit", f"{limit:.1f}"]
+    for flag, on in (("--small", a.small), ("--calibrate", a.calibrate), ("--full-untiled", a.full_untiled)):
+        cmd += [flag] if on else []
+    for flag, value in (("--comfyui", a.comfyui), ("--families", a.families)):
+        cmd += [flag, value] if value else []
+    return cmd
+
+
+def in_process(env: Env, table: Table, key: str, limit: float) -> None:
+    """Row ``key`` run by a process of its own (``--child``, its own session, so that ending it ends what
+    it started): its lines written as they come; where the process dies, a line with what it had
+    reached and why it ended; where it overruns its limit by ``GRACE_S``, it is killed."""
+    title = ROWS[key][0]
+    until = time.time() + limit
+    errors = env.run_dir / f"row_{key}.stderr"
+    with errors.open("w") as err:
+        proc = subprocess.Popen(child_command(env, key, until, limit), stdout=subprocess.PIPE, stderr=err,
+                                text=True, cwd=str(ROOT), start_new_session=True)
+    messages: queue.Queue = queue.Queue()
+    threading.Thread(target=_read_messages, args=(proc.stdout, messages), daemon=True).start()
+    reached, killed, t0 = "", False, time.perf_counter()
+    try:
+        while True:
+            try:
+                message = messages.get(timeout=max(0.1, until + GRACE_S - time.time()))
+            except queue.Empty:
+                killed = True
+                break
+            if message is None:           # its stdout closed: the process has ended
+                break
+            if "line" in message:
+                table.line(key, Line(*message["line"]), message["s"])
+                reached, t0 = "", time.perf_counter()
+            else:
+                reached = message.get("reached", reached)
+    finally:
+        code = _end(proc)
+    reached = reached or "nothing measured since its last line"
+    if killed:
+        table.line(key, Line(title, "stopped", f"its process did not stop at its limit ({limit:.0f} s) and was "
+                             f"killed {GRACE_S} s after it; reached: {reached}"), time.perf_counter() - t0)
+    elif code:
+        last = _last_line(errors)
+        table.line(key, Line(title, "error", f"its process ended with {_exit_text(code)}; last error line: {last}; "
+                             f"reached: {reached}"), time.perf_counter() - t0)
+        sys.stderr.write(f"row {key}'s process, the end of its stderr:\n{_tail(errors)}\n")
+
+
+def _read_messages(stream, messages: queue.Queue) -> None:
+    """A row's messages into ``messages`` (None at the end); anything else it prints goes to stderr."""
+    try:
+        for text in stream:
+            if text.startswith(TAG):
+                messages.put(json.loads(text[len(TAG):]))
+            else:
+                sys.stderr.write(text)
+    finally:
+        messages.put(None)
+
+
+def _end(proc: subprocess.Popen) -> int:
+    """The row's process and all it started (helpers, compile workers) ended; its exit status. Never
+    raises: a failed row's cleanup must not end the check."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)       # its own session: the group of what it started
+    try:
+        return proc.wait(timeout=30)
+    except Exception:         # noqa: BLE001 - reported as an unknown status
+        return -1
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    return ""
+
+
+def _last_line(path: Path) -> str:
+    lines = [t.strip() for t in _tail(path, 200).splitlines() if t.strip()]
+    return lines[-1][:300] if lines else "(none)"
+
+
+def run_in_this_process(env: Env, key: str) -> int:
+    """A row's process: the row's lines, and what it reached, sent to the parent as they come; stopped
+    at its deadline (``--until``) with a line saying what it reached."""
     title, fn = ROWS[key]
-    estimate = ESTIMATE_S[key][1 if env.small else 0]
-    if env.left() < estimate:
-        table.line(key, Line(title, "skipped", f"needs ~{estimate} s, {env.left():.0f} s left of {env.limit} s"), 0)
-        return True
-    t0 = time.perf_counter()
-    own = row_limit(env, key)
+    env.helpers = Results(env.run_dir)
     signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(max(1, math.ceil(min(env.left(), own))))
-    stopped = False
+    signal.alarm(max(1, math.ceil(env.left())))
+    t0 = time.perf_counter()
+
+    def out(line: Line) -> None:
+        nonlocal t0
+        send(line=dataclasses.astuple(line), s=time.perf_counter() - t0)
+        env.reached, t0 = "", time.perf_counter()
     try:
         for line in fn(env):
-            table.line(key, line, time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            out(line)
     except TimeUp:
-        stopped = env.left() <= 1
-        why = f"the run's time limit ({env.limit:.0f} s)" if stopped else f"its own limit ({own:.0f} s)"
-        table.line(key, Line(title, "skipped", f"stopped at {why} inside the row"), time.perf_counter() - t0)
+        out(Line(title, "stopped", f"at its limit ({env.limit:.0f} s) inside the row; reached: "
+                 f"{env.reached or 'nothing measured since its last line'}"))
     except BaseException as e:      # noqa: BLE001 - one row's failure is reported in its line
         if isinstance(e, KeyboardInterrupt):
             raise
-        table.line(key, Line(title, "error", _error_text(e)), time.perf_counter() - t0)
+        out(Line(title, "error", _error_text(e) + (f"; reached: {env.reached}" if env.reached else "")))
     finally:
         signal.alarm(0)
-        _cleanup(env)
-    return not stopped
+    return 0
 
 
-def _cleanup(env: Env) -> None:
-    from vae.engine import transfer
-    transfer.EMPTY_CACHE_BETWEEN_STAGES = True
-    gc.collect()
-    if env.cuda:
-        torch.cuda.set_per_process_memory_fraction(1.0, env.device)
-        torch.cuda.empty_cache()
+def child_main(env: Env, key: str) -> NoReturn:
+    """Ends without tearing the device's context down (a sticky CUDA error can make that hang or crash):
+    the row's lines are sent, and the driver frees what the process held."""
+    code = 1
+    try:
+        code = run_in_this_process(env, key)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def header_device(env: Env) -> str:
@@ -1014,33 +1251,40 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--full-untiled", action="store_true", help="row c also decodes the whole clip in one pass")
     p.add_argument("--workers", type=int, default=None, help="helper processes (default: the cores but 2, <= 6)")
     p.add_argument("--families", help="row a: only these families (comma-separated)")
+    # a row's process (started by the check itself)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--run-dir", help=argparse.SUPPRESS)
+    p.add_argument("--until", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--row-limit", type=float, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     unknown = set(a.rows or "") - set(ROWS)
     if unknown:
         p.error(f"unknown rows {''.join(sorted(unknown))}: the rows are {''.join(ROWS)}")
     if a.families and set(a.families.split(",")) - set(configs.TEST):
         p.error(f"unknown families in {a.families!r}: {', '.join(configs.TEST)}")
+    if a.child:
+        child_main(Env(a), a.child)
     env = Env(a)
     # by default on the CPU, two gloo ranks (row n) only when asked for: a minute of a small machine
     rows = a.rows or ("k" if a.calibrate else ORDER if env.cuda else ORDER.replace("n", ""))
     table = Table(a.out)
     table.write(header(env, argv))
-    if env.cuda:
-        torch.cuda.init()
-    env.helpers = Helpers(a.workers or max(1, min(6, (os.cpu_count() or 2) - 2)))
-    try:
-        submit_jobs(env, rows)
-        table.write(Table.HEAD)
-        for key in rows:
-            if not run_row(env, table, key):
-                for rest in rows[rows.index(key) + 1:]:
-                    table.line(rest, Line(ROWS[rest][0], "skipped", "the time limit was reached"), 0)
-                break
-    finally:
-        env.helpers.close()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as run_dir:
+        env.run_dir = Path(run_dir)
+        env.helpers = Helpers(a.workers or max(1, min(6, (os.cpu_count() or 2) - 2)), env.run_dir)
+        try:
+            submit_jobs(env, rows)
+            table.write(Table.HEAD)
+            for i, key in enumerate(rows):
+                if env.left() < MIN_ROW_S:
+                    for rest in rows[i:]:
+                        table.line(rest, Line(ROWS[rest][0], "skipped", "the time limit was reached"), 0)
+                    break
+                run_row(env, table, key, rows[i + 1:])
+        finally:
+            env.helpers.close()
     table.write(f"\n{time.perf_counter() - env.start:.0f} s in all (limit {env.limit:.0f} s).")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

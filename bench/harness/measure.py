@@ -1,12 +1,17 @@
 """What a benchmark worker measures of its own process: RSS and its peak (VmHWM, with the mark reset after
 loading), process CPU time, and one timed measurement (``measure``) whose figures and output the parent
-script reads back. Linux /proc; ``ru_maxrss`` where /proc is missing."""
+script reads back. Linux /proc; ``ru_maxrss`` where /proc is missing.
+
+The peak is VmHWM, never ``ru_maxrss``: the kernel folds into ``ru_maxrss`` the peak of the memory map a
+process had before its exec (a process started by a larger parent begins at the parent's peak) and of
+its exited thread group, and writing /proc/self/clear_refs resets neither."""
 from __future__ import annotations
 
 import gc
 import json
 import resource
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -38,14 +43,62 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+CLEAR_REFS = "/proc/self/clear_refs"
+
+
 def reset_peak() -> bool:
-    """Reset the peak-RSS mark to the current RSS (Linux >= 4.0); False where not possible."""
+    """Reset the peak-RSS mark (VmHWM) to the current RSS by writing 5 to /proc/self/clear_refs
+    (Linux >= 4.0); False where that file cannot be written or the mark did not come down."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
+        with open(CLEAR_REFS, "w") as f:
             f.write("5")
     except OSError:
         return False
-    return maxrss_kib() <= vm_rss_kib() + 1024
+    return vm_hwm_kib() <= vm_rss_kib() + 1024
+
+
+class HostPeak:
+    """``with HostPeak() as p:`` the most RSS the block held above its RSS at the start (``p.bytes()``,
+    also while the block runs), and how it was found (``p.method``): "VmHWM" after resetting the mark
+    (``reset_peak``); where the mark cannot be reset, "sampled RSS": a thread reads VmRSS every
+    ``every`` seconds, a lower bound that misses peaks shorter than that."""
+
+    def __init__(self, every: float = 0.005):
+        self.every = every
+        self.method = ""
+        self.rss0 = self.seen = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "HostPeak":
+        self.rss0 = self.seen = vm_rss_kib()
+        if reset_peak():
+            self.method = "VmHWM"
+        else:
+            self.method = "sampled RSS"
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every):
+            self.seen = max(self.seen, vm_rss_kib())
+
+    def peak_kib(self) -> int:
+        if self._stop.is_set():           # the block has ended: its peak, not what came after it
+            return self.seen
+        if self.method == "VmHWM":
+            return vm_hwm_kib()
+        return max(self.seen, vm_rss_kib())
+
+    def bytes(self) -> int:
+        return max(self.peak_kib() - self.rss0, 0) * 1024
+
+    def __exit__(self, *exc) -> None:
+        self.seen = self.peak_kib()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def loaded_rss_kib(model, copy: bool = False) -> int:
@@ -105,7 +158,7 @@ def measure(fn, x, model, repeat: int, out_stem: Path) -> None:
             out = fn(x)
             times.append(time.perf_counter() - t0)
             cpu.append(cpu_s() - c0)
-    peak = vm_hwm_kib()      # not ru_maxrss: it also keeps exited threads' peaks from before the reset
+    peak = vm_hwm_kib()      # not ru_maxrss: the reset leaves it at peaks from before (module docstring)
     np.save(f"{out_stem}.npy", out.float().numpy())
     Path(f"{out_stem}.json").write_text(json.dumps(dict(
         times_s=times, best_s=min(times), cpu_s=cpu[times.index(min(times))], rss_after_load_mib=rss_load / MIB,

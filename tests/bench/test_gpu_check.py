@@ -1,11 +1,15 @@
 """bench/gpu_check.py without a GPU: ``--device cpu --small`` runs the check's own code at tiny sizes with
-the tests' tiny models; its table is printed and written line by line; a row that fails is reported in
-its line and the next row runs; the time guard skips what would not fit and stops a row that overruns."""
+the tests' tiny models; its table is printed and written line by line; a row that fails, dies or
+overruns its share of the time is reported in its line and the next row runs (rows that fail on purpose:
+tests/bench/gpu_check_rows.py)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,7 +18,11 @@ from helpers import ROOT
 sys.path.insert(0, str(ROOT / "bench"))
 import gpu_check  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+import gpu_check_rows  # noqa: E402
+
 SCRIPT = str(ROOT / "bench" / "gpu_check.py")
+ROWS_SCRIPT = str(Path(__file__).parent / "gpu_check_rows.py")
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -22,10 +30,10 @@ def _rows(text: str) -> list[list[str]]:
             if line.startswith("| ") and not line.startswith("| row")]
 
 
-def _run(tmp_path, *args, timeout=900) -> tuple[str, list[list[str]]]:
+def _run(tmp_path, *args, timeout=900, script=SCRIPT, env=None) -> tuple[str, list[list[str]]]:
     out = tmp_path / "table.md"
-    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--small", "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+    proc = subprocess.run([sys.executable, script, "--device", "cpu", "--small", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=str(ROOT), env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = out.read_text()
     assert written.strip() in proc.stdout            # the file holds what was printed
@@ -68,38 +76,45 @@ def test_a_failing_row_is_reported_and_the_next_runs(tmp_path, capsys):
     assert any(r[0] == "k" and r[2] == "info" for r in rows)
 
 
-def _overrunning_row(monkeypatch) -> None:
-    """Row z: one line, then 30 s of work (estimated at 1 s)."""
-    def slow(env):
-        yield gpu_check.Line("first", "info", "measured before the limit")
-        time.sleep(30)
-        yield gpu_check.Line("never", "info", "")
-    monkeypatch.setitem(gpu_check.ROWS, "z", ("a row that overruns", slow))
-    monkeypatch.setitem(gpu_check.ESTIMATE_S, "z", (1, 1))
+def _by_row(rows: list[list[str]], key: str) -> list[list[str]]:
+    return [r for r in rows if r[0] == key]
 
 
-def test_the_time_guard_skips_and_stops(tmp_path, monkeypatch):
-    _overrunning_row(monkeypatch)
-    out = tmp_path / "t.md"
+def test_a_row_that_dies_or_overruns_ends_alone(tmp_path):
+    """Each row runs in a process of its own: one that dies (as a sticky device error can end it) gets a
+    line with its exit and what it had reached; one that ignores its limit is killed; one stopped at its
+    limit says what it reached; the rows after each of them run."""
     t0 = time.perf_counter()
-    gpu_check.main(["--device", "cpu", "--small", "--rows", "zc", "--limit", "4", "--out", str(out), "--workers", "1"])
-    assert time.perf_counter() - t0 < 25
-    rows = _rows(out.read_text())
-    assert rows[0][1:3] == ["first", "info"]
-    assert rows[1][2] == "skipped" and "stopped at the run's time limit" in rows[1][3]
-    assert rows[2][0] == "c" and rows[2][2] == "skipped"                  # the rest: not started
+    _, rows = _run(tmp_path, "--rows", "yhzg", "--limit", "40", script=ROWS_SCRIPT)
+    assert time.perf_counter() - t0 < 90
+    y = _by_row(rows, "y")
+    assert y[0][1:3] == ["first", "info"]
+    assert y[1][2] == "error" and "signal SIGABRT" in y[1][3] and gpu_check_rows.DEVICE_ERROR in y[1][3]
+    assert "reached: 2/5 units of work" in y[1][3]
+    h = _by_row(rows, "h")
+    assert h[0][2] == "stopped" and "killed" in h[0][3] and "reached: a call that never returns" in h[0][3]
+    z = _by_row(rows, "z")
+    assert z[0][1:3] == ["first", "info"]
+    assert z[1][2] == "stopped" and "at its limit" in z[1][3] and "reached: half of the work" in z[1][3]
+    assert _by_row(rows, "g")[0][2] == "skipped"                    # ran: no --comfyui given
 
 
-def test_a_row_past_its_own_limit_is_stopped_and_the_next_runs(tmp_path, monkeypatch):
-    _overrunning_row(monkeypatch)
-    monkeypatch.setattr(gpu_check, "row_limit", lambda env, key: 2 if key == "z" else 60)
-    out = tmp_path / "t.md"
-    t0 = time.perf_counter()
-    gpu_check.main(["--device", "cpu", "--small", "--rows", "zg", "--out", str(out), "--workers", "1"])
-    assert time.perf_counter() - t0 < 25
-    rows = _rows(out.read_text())
-    assert rows[1][2] == "skipped" and "stopped at its own limit" in rows[1][3]
-    assert rows[2][:3] == ["g", "beside ComfyUI core", "skipped"]        # ran: no --comfyui given
+def test_rows_b_and_c_stopped_in_their_calls_say_what_they_reached(tmp_path):
+    """Every progress report waits 10 minutes: rows b and c reach their limits inside their exact calls,
+    and their lines give the units of work done, the time and the memory so far."""
+    _, rows = _run(tmp_path, "--rows", "bc", "--limit", "80", script=ROWS_SCRIPT, env={"SLOW_PROGRESS": "1"})
+    for key in "bc":
+        stopped = [r for r in _by_row(rows, key) if r[2] == "stopped"]
+        assert stopped, _by_row(rows, key)
+        assert "units of work" in stopped[0][3] and "working set so far" in stopped[0][3], stopped
+
+
+def test_each_row_has_its_share_of_the_time_left():
+    env = SimpleNamespace(left=lambda: 300.0, small=False, comfyui=None, cuda=False)
+    est = {k: gpu_check.ESTIMATE_S[k][0] for k in "bcg"}
+    assert gpu_check.row_limit(env, "b", "cg") == pytest.approx(300 * est["b"] / (est["b"] + est["c"]))
+    env.comfyui = "ComfyUI"                                    # now row g runs, and takes its share
+    assert gpu_check.row_limit(env, "b", "cg") == pytest.approx(300 * est["b"] / sum(est.values()))
 
 
 def test_fit_is_conservative():
