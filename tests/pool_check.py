@@ -60,8 +60,8 @@ def idle() -> None:
     torch.set_num_threads(1)
     z = torch.randn(1, 8, 8, 8, generator=torch.Generator().manual_seed(0))
     v = vae.load(DEMO)
-    pool = Pool(["cpu", "cpu"], timeout=2)
-    time.sleep(5)                                     # idle for longer than the group's timeout
+    pool = Pool(["cpu", "cpu"], timeout=3)
+    time.sleep(7)        # idle for over twice the group's timeout: the workers' waits time out and are retried
     out = {"alive": pool.alive, "workers": [p.pid for p in pool.procs]}
     out["decode"] = (pool.run(v, "decode", z, tile=32, mode="exact") - v.decode(z)).abs().max().item()
     print(json.dumps(out), flush=True)
