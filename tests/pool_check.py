@@ -1,11 +1,17 @@
 """A worker pool's life, in a process of its own (a pool makes this process rank 0 of a group):
-prints one JSON line with what each call gave. Run by tests/vae/test_workers.py."""
+prints one JSON line with what each call gave. Run by tests/vae/test_workers.py.
+
+    python tests/pool_check.py           # calls, failures, an interrupt, close
+    python tests/pool_check.py idle      # idle past the group's timeout, a call, then this process ends
+                                         # without closing the pool (as a killed ComfyUI would)"""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,5 +56,17 @@ def main() -> None:
     print(json.dumps(out))
 
 
+def idle() -> None:
+    torch.set_num_threads(1)
+    z = torch.randn(1, 8, 8, 8, generator=torch.Generator().manual_seed(0))
+    v = vae.load(DEMO)
+    pool = Pool(["cpu", "cpu"], timeout=3)
+    time.sleep(7)        # idle for over twice the group's timeout: the workers' waits time out and are retried
+    out = {"alive": pool.alive, "workers": [p.pid for p in pool.procs]}
+    out["decode"] = (pool.run(v, "decode", z, tile=32, mode="exact") - v.decode(z)).abs().max().item()
+    print(json.dumps(out), flush=True)
+    os._exit(0)                                       # no close, no exit handlers: the workers must end alone
+
+
 if __name__ == "__main__":
-    main()
+    idle() if sys.argv[1:] == ["idle"] else main()

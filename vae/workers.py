@@ -6,10 +6,13 @@ exact or fast tiled call (vae/engine/distributed.py) made through it.
     pool.close()                               # also at exit
 
 The workers are ``python -m vae.workers`` processes joined to this one by ``torch.distributed``
-(NCCL for CUDA devices, gloo for CPUs). Each call sends them a small JSON header (the VAE's file,
-the operation, its options) and the input tensor, both by broadcast; each worker loads a VAE file
-with this library's loader the first time it is named and keeps it, so weights are read once per
-worker and never pickled. Everything travels through torch.distributed; nothing is unpickled.
+(NCCL for CUDA devices, gloo for CPUs) over a TCP store this process hosts. Each call posts a small
+JSON header (the VAE's file, the operation, its options) to the store under the call's number, then
+broadcasts the input tensor; each worker loads a VAE file with this library's loader the first time
+it is named and keeps it, so weights are read once per worker and never pickled. Nothing is unpickled.
+Between calls the workers wait on the store, outside any collective, so an idle pool lives as long as
+this process (a collective pending longer than the group's timeout would end it: NCCL's watchdog
+aborts it, gloo raises); when this process ends, the store's connection closes and the workers end.
 A failure anywhere (a worker that cannot load the file, a tile that fails, an interrupt here) ends
 the call on every rank with that rank's message, and the pool stays ready for the next call.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import datetime
+import itertools
 import json
 import logging
 import os
@@ -26,6 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
+from urllib.parse import urlsplit
 
 import torch
 
@@ -33,8 +38,8 @@ from .engine.distributed import Ranks, ranks
 from .errors import VAEKitError
 
 log = logging.getLogger("VAEKit")
-_HEADER_BYTES = 8192
 _ROOT = Path(__file__).resolve().parents[1]
+_START_S = 300       # the least time the store gives the workers to start (import torch, set up CUDA) and join
 
 
 class DevicesAbsent(VAEKitError):
@@ -86,17 +91,26 @@ def _backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def _exchange_header(header: Optional[dict], device: torch.device) -> dict:
-    """Rank 0 broadcasts ``header`` (JSON); every rank returns it."""
+def _post(store, number: int, header: dict) -> None:
+    """Rank 0: call ``number``'s header, for the workers; the previous call's is dropped (every worker
+    read it: that call's first collective needed them all)."""
+    store.set(f"call/{number}", json.dumps(header))
+    if number:
+        store.delete_key(f"call/{number - 1}")
+
+
+def _next_call(store, number: int, wait: datetime.timedelta) -> dict:
+    """A worker: call ``number``'s header, waited for on the store (not in a collective, so no group
+    timeout applies) in waits of ``wait``, retried for as long as the pool is idle. A closed store (rank
+    0's process ended) raises ``DistNetworkError``."""
     import torch.distributed as dist
-    buf = torch.zeros(_HEADER_BYTES, dtype=torch.uint8, device=device)
-    if header is not None:
-        raw = json.dumps(header).encode()
-        if len(raw) > _HEADER_BYTES:
-            raise VAEKitError("the call's options are too long to send to the workers.")
-        buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-    dist.broadcast(buf, src=0)
-    return json.loads(bytes(buf.cpu().tolist()).rstrip(b"\0").decode())
+    key = f"call/{number}"
+    while True:
+        try:
+            store.wait([key], wait)
+        except dist.DistStoreError:          # the wait timed out: still idle
+            continue
+        return json.loads(store.get(key))
 
 
 def _call(comm: Ranks, vae, header: dict, x: torch.Tensor, load_error: Optional[BaseException], progress=None,
@@ -116,15 +130,22 @@ class Pool:
             raise VAEKitError("this process already belongs to a torch.distributed group; a worker pool makes "
                               "its own.", fix="use vae.engine.distributed.ranks() inside the existing group instead.")
         self.devices = [torch.device(d) for d in devices]
-        init = f"tcp://127.0.0.1:{_free_port()}"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}
+        port, self.calls = _free_port(), 0
+        init = f"tcp://127.0.0.1:{port}"
+        # TORCH_CPP_LOG_LEVEL: an idle worker's store waits time out and are retried; torch's C++ side would
+        # print two warning lines for each (errors still print)
+        env = {"TORCH_CPP_LOG_LEVEL": "ERROR", **os.environ,
+               "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}
         self.procs = [subprocess.Popen([sys.executable, "-m", "vae.workers", "--rank", str(r), "--world",
                                         str(len(self.devices)), "--init", init, "--device", str(d),
                                         "--timeout", str(timeout)], cwd=str(_ROOT), env=env)
                       for r, d in enumerate(self.devices) if r > 0]
         if self.devices[0].type == "cuda":
             torch.cuda.set_device(self.devices[0])
-        dist.init_process_group(_backend(self.devices[0]), init_method=init, rank=0, world_size=len(self.devices),
+        # every worker joins the store before the group forms (the group's setup waits only its timeout)
+        self.store = dist.TCPStore("127.0.0.1", port, len(self.devices), True, wait_for_workers=True,
+                                   timeout=datetime.timedelta(seconds=max(timeout, _START_S)))
+        dist.init_process_group(_backend(self.devices[0]), store=self.store, rank=0, world_size=len(self.devices),
                                 timeout=datetime.timedelta(seconds=timeout))
         self.comm = Ranks()
         atexit.register(self.close)
@@ -141,13 +162,20 @@ class Pool:
         if vae.path is None:
             raise VAEKitError("this VAE was not loaded from a file, so the workers cannot load it.", input="vae",
                               fix="load it with VAE Load (VAEKit) / vae.load(path), or leave 'devices' empty.")
+        if not self.alive:
+            raise VAEKitError("the worker pool's processes have stopped (see their messages above).",
+                              fix="run the prompt again: the nodes start a new pool.")
         header = {"op": op, "path": vae.path, "dtype": str(vae.dtype).removeprefix("torch."),
                   "shape": list(x.shape), "input_dtype": str(x.dtype).removeprefix("torch."), "kw": kw}
-        _exchange_header(header, self.comm.device)
         import torch.distributed as dist
-        sent = x.contiguous().to(self.comm.device)
+        sent = x.contiguous().to(self.comm.device)      # before the post: once posted, the workers wait in the broadcast
+        self._post(header)
         dist.broadcast(sent, src=0)
         return _call(self.comm, vae, header, x, None, progress, out_device)
+
+    def _post(self, header: dict) -> None:
+        _post(self.store, self.calls, header)
+        self.calls += 1
 
     def close(self) -> None:
         if not self.procs:
@@ -155,7 +183,7 @@ class Pool:
         import torch.distributed as dist
         try:
             if self.alive:
-                _exchange_header({"op": "stop"}, self.comm.device)
+                self._post({"op": "stop"})
             for p in self.procs:
                 p.wait(timeout=60)
         finally:
@@ -165,22 +193,42 @@ class Pool:
             self.procs = []
             if dist.is_initialized():
                 dist.destroy_process_group()
+            self.store = None
 
 
-def serve(rank: int, world: int, init: str, device: torch.device, timeout: float) -> None:
-    """A worker: wait for calls from rank 0, run this rank's share, until told to stop."""
+def serve(rank: int, world: int, init: str, device: torch.device, timeout: float) -> int:
+    """A worker: wait for calls from rank 0, run this rank's share, until told to stop (0) or until rank
+    0's process ends or the pool breaks (1, said in the log)."""
+    import torch.distributed as dist
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    address, wait = urlsplit(init), datetime.timedelta(seconds=timeout)
+    store = dist.TCPStore(address.hostname, address.port, world, False,
+                          timeout=datetime.timedelta(seconds=max(timeout, _START_S)))
+    dist.init_process_group(_backend(device), store=store, rank=rank, world_size=world, timeout=wait)
+    try:
+        _serve_calls(store, Ranks(), device, wait)
+    except dist.DistNetworkError:
+        log.warning("VAEKit worker %d: the pool's process ended without closing the pool; stopping.", rank)
+        return 1
+    except Exception:    # noqa: BLE001 - outside a call: the pool cannot go on; say why before stopping
+        log.exception("VAEKit worker %d: the pool broke; stopping.", rank)
+        return 1
+    dist.destroy_process_group()
+    return 0
+
+
+def _serve_calls(store, comm: Ranks, device: torch.device, wait: datetime.timedelta) -> None:
+    """The calls, one after the other, until the header says stop; a failed call is every rank's to report
+    (rank 0's caller gets it), and this rank serves the next."""
     import torch.distributed as dist
 
     from .loading import load
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(_backend(device), init_method=init, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
-    comm, vaes = Ranks(), {}
-    while True:
-        header = _exchange_header(None, comm.device)
+    vaes = {}
+    for number in itertools.count():
+        header = _next_call(store, number, wait)
         if header["op"] == "stop":
-            break
+            return
         x = torch.empty(header["shape"], dtype=getattr(torch, header["input_dtype"]), device=comm.device)
         dist.broadcast(x, src=0)
         key, error = (header["path"], header["dtype"]), None
@@ -192,8 +240,7 @@ def serve(rank: int, world: int, init: str, device: torch.device, timeout: float
         try:
             _call(comm, vaes.get(key), header, x.to(device), error)
         except BaseException as e:    # noqa: BLE001 - rank 0 reports the call's failure; keep serving
-            log.info("VAEKit worker %d: the call ended: %s", rank, e)
-    dist.destroy_process_group()
+            log.info("VAEKit worker %d: the call ended: %s", comm.rank, e)
 
 
 def worker_args(description: str, argv=None, **more) -> argparse.Namespace:
@@ -214,7 +261,8 @@ def worker_args(description: str, argv=None, **more) -> argparse.Namespace:
 def main() -> None:
     a = worker_args("a VAEKit worker process (started by vae.workers.Pool)",
                     **{"--timeout": dict(type=float, default=1800)})
-    serve(a.rank, a.world, a.init, torch.device(a.device), a.timeout)
+    logging.basicConfig(format="%(message)s")       # this process's warnings and errors reach the console
+    sys.exit(serve(a.rank, a.world, a.init, torch.device(a.device), a.timeout))
 
 
 if __name__ == "__main__":

@@ -166,3 +166,22 @@ def test_without_a_process_group_the_call_is_local_and_says_how():
     with pytest.raises(vae.VAEKitError, match="init_process_group"):
         with distributed.ranks():
             pass
+
+
+def test_a_host_tensor_is_summed_through_the_device_in_bounded_pieces(tmp_path):
+    """Under NCCL a host map (the whole output, a stage's map) is all-reduced through the GPU: piece by piece,
+    so the GPU never holds the whole map beside the plan. Gloo ranks with the backend's device set apart
+    from the tensors' stand in; the sum equals the whole-tensor sum."""
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "sum_check.py"), "--rank", str(r), "--world", "2",
+                               "--init", init], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    runs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, runs):
+        assert p.returncode == 0, err[-3000:]
+    for out, _ in runs:
+        for name, r in json.loads(out.strip().splitlines()[-1]).items():
+            assert r["same"], name                                   # summed into the caller's tensor
+            assert not r["inside"], name                             # reduced in a buffer, not in the host tensor
+            assert max(r["pieces"]) <= 4096 and sum(r["pieces"]) == r["bytes"], (name, r["pieces"])
+            assert len(r["pieces"]) == -(-r["bytes"] // 4096), (name, r["pieces"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -58,3 +59,22 @@ def test_device_lists_are_checked_with_a_fix(text, message):
         pytest.skip("this machine has CUDA devices")
     with pytest.raises(vae.VAEKitError, match=message):
         parse_devices(text)
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"   # gone or unreaped
+    except FileNotFoundError:
+        return True
+
+
+def test_an_idle_pool_outlives_the_group_timeout_and_its_workers_end_with_their_parent():
+    """Between calls the workers wait outside any collective, so a pool kept idle across prompts for longer
+    than the group's timeout (NCCL's watchdog aborts a collective pending that long; gloo raises) still
+    serves; a parent that ends without closing the pool (a killed ComfyUI) still ends its workers."""
+    out = json.loads(_run(ROOT / "tests" / "pool_check.py", "idle", timeout=120).strip().splitlines()[-1])
+    assert out["alive"] and out["decode"] <= 1e-5
+    deadline = time.monotonic() + 20
+    while not all(map(_ended, out["workers"])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(map(_ended, out["workers"])), out["workers"]

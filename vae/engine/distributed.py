@@ -33,6 +33,23 @@ import torch
 from ..errors import VAEKitError
 
 _MESSAGE_BYTES = 2048
+PIECE_BYTES = 64 << 20     # the most of a host tensor that sum_ puts on the backend's device at once
+
+
+def through(t: torch.Tensor, device: torch.device) -> Iterator[torch.Tensor]:
+    """``t`` piece by piece on ``device``: each piece (at most ``PIECE_BYTES``) is copied into one buffer
+    there and yielded; what the caller leaves in it is copied back into ``t`` before the next piece."""
+    flat = t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
+    step = max(1, PIECE_BYTES // t.element_size())
+    buffer = torch.empty(min(step, flat.numel()), dtype=t.dtype, device=device)
+    for start in range(0, flat.numel(), step):
+        part = flat[start:start + step]
+        piece = buffer[:part.numel()]
+        piece.copy_(part)
+        yield piece
+        part.copy_(piece)
+    if not t.is_contiguous():          # the pieces went back into a contiguous copy
+        t.copy_(flat.view(t.shape))
 
 
 class RankFailed(VAEKitError):
@@ -93,13 +110,15 @@ class Ranks(Local):
                 request.wait()
 
     def sum_(self, t: torch.Tensor) -> torch.Tensor:
-        """All-reduce (sum) into ``t``, moved through the backend's device when it lives elsewhere."""
+        """All-reduce (sum) into ``t``. A tensor on another device than the backend's (a host map under
+        NCCL: the whole output, a stage's map) goes through that device in pieces of at most
+        ``PIECE_BYTES``, so the device holds one piece beside the call's plan, never the whole map."""
         if t.device == self.device:
             self.dist.all_reduce(t, group=self.group)
             return t
-        moved = t.to(self.device)
-        self.dist.all_reduce(moved, group=self.group)
-        return t.copy_(moved)
+        for piece in through(t, self.device):
+            self.dist.all_reduce(piece, group=self.group)
+        return t
 
     def step(self, error: Optional[BaseException], active: bool) -> bool:
         """Agree on the state after a step: raise on every rank if any failed, else whether any tile
