@@ -58,7 +58,7 @@ CUDNN_NO_ENGINE = ("GET was unable to find an engine to execute this computation
 def test_a_cudnn_plan_search_that_failed_for_memory_is_replanned(kl, caplog, message):
     """A convolution whose every cuDNN plan failed to get its workspace raises cuDNN's engine-search
     message, not OutOfMemoryError; the out-of-memory retry (and the cache runner's replan, which asks
-    the same ``_out_of_memory``) takes it for what it is.
+    the same ``out_of_memory``) takes it for what it is.
 
     Where the message comes from: PyTorch's aten/src/ATen/native/cudnn/Conv_v8.cpp (pytorch/pytorch at
     06ca69ca4e9b). Each plan whose workspace cannot be allocated is skipped (``try_configs`` and
@@ -66,8 +66,8 @@ def test_a_cudnn_plan_search_that_failed_for_memory_is_replanned(kl, caplog, mes
     ``TORCH_CHECK(false, "GET was unable to find an engine to execute this computation")`` (heuristic
     plans: torch.backends.cudnn.benchmark off) or ``try_plans`` in ``"FIND was unable ..."`` (benchmark
     on): a RuntimeError in Python."""
-    from vae.handle import _out_of_memory
-    assert _out_of_memory(RuntimeError(message))
+    from vae.engine.replan import out_of_memory
+    assert out_of_memory(RuntimeError(message))
     z = torch.randn(1, 4, 16, 12)
     want = kl.decode(z)
     _budget(kl, 10, error=RuntimeError(message))
