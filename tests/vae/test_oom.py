@@ -203,6 +203,23 @@ def test_the_comfyui_path_tells_the_memory_manager_the_load_devices_need(pack, m
     assert calls[-1]["memory_required"] == cuda != handle.memory_needed(z.shape, **asked)
 
 
+def test_frame_wise_decode_tells_the_memory_manager_the_need_of_the_call_it_runs(pack, monkeypatch):
+    """Frame-wise Decode loads the VAE with ``memory_required`` measured for the call it then runs (one
+    set of keywords for both, nodes/call.py): its spatial tiles with their overlap and its chunks with
+    theirs, which a tile's working set grows with."""
+    from vaekit.nodes.socket import VAEKitVAE
+    from vaekit.vae import from_state_dict
+    from video_families import tiny_state_dict
+    handle = from_state_dict(tiny_state_dict("wan"))
+    calls = _loads_to_cuda(handle, monkeypatch)
+    node = pack.NODE_CLASS_MAPPINGS["VAEKitFramewiseDecode"]()
+    z = torch.randn(1, 16, 3, 12, 12)
+    node.decode({"samples": z}, VAEKitVAE(handle), frames_per_chunk=1, overlap=1, tile_size=64, tile_overlap=32)
+    run = dict(tile=64, overlap=32, tile_frames=4, overlap_frames=4)
+    assert calls[-1]["memory_required"] == _cuda_need(handle, z.shape, **run) != _cuda_need(
+        handle, z.shape, tile=64, tile_frames=4)
+
+
 def test_memory_needed_predicts_for_the_device_named(loaded):
     """``device`` names where the call runs; without it, where the weights are: a CUDA prediction on this
     CPU-only build is the planner's for CUDA (its calibration, parked exact tiles), the default the CPU's."""
