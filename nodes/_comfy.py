@@ -186,49 +186,14 @@ def patcher_for(handle):
 
 def place(handle, device: torch.device, dtype: torch.dtype) -> None:
     """Put freshly loaded weights where they wait: inside ComfyUI on its offload device (its memory
-    manager moves them to ``device`` before each use, see ``prepare``); standalone on ``device``."""
+    manager moves them to ``device`` before each use, see nodes/call.py ``load_weights``); standalone on
+    ``device``."""
     mm = model_management()
     if mm is None or device.type == "cpu":
         handle.to(device, dtype)
         return
     handle.to(mm.vae_offload_device(), dtype)
     bind(handle, patcher.new(handle, device, mm.vae_offload_device()))
-
-
-def prepare(handle, op: Optional[str] = None, shape: Optional[tuple] = None, **plan) -> Optional[int]:
-    """Before a call: inside ComfyUI, load the weights onto their device through its memory manager, and
-    tell it what the call needs besides (one tile of one chunk, measured from the architecture on the
-    meta device for the load device: ``VAE.memory_needed``), so it frees that much first; that need is
-    returned (None outside ComfyUI or when it cannot be measured). Outside ComfyUI, the weights go where the VAE's patcher loads
-    them (a node may have set its ``load_device``)."""
-    mm = model_management()
-    p = registered(handle)
-    if p is None:
-        return None
-    if mm is None:
-        load = torch.device(p.load_device)
-        if handle.device != load:
-            handle.to(load)
-        return None
-    # asked before the load, while the weights may still wait on the offload device: for the load device
-    need = (handle.memory_needed(tuple(shape), op, device=placed_device(handle), **plan)
-            if op and shape is not None else None)
-    # plain torch layers cannot be partially loaded, so the whole VAE is loaded
-    mm.load_models_gpu([p], memory_required=need or 0, force_full_load=True)
-    return need
-
-
-def budget(size: Optional[int], handle, need: Optional[int]) -> Optional[int]:
-    """The memory budget (bytes) a node's call plans for: ``size`` (bytes, checked) when the user gives
-    one; with 0, inside ComfyUI, what its memory manager says is free on the VAE's device once the VAE is
-    loaded, when the call as asked (``need``) would not fit in it; else none (the call runs as asked)."""
-    if size:
-        return size
-    mm = model_management()
-    if mm is None or need is None or not hasattr(mm, "get_free_memory"):
-        return None
-    free = int(mm.get_free_memory(placed_device(handle)))
-    return free if need > free else None
 
 
 def placed_device(handle) -> torch.device:

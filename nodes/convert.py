@@ -7,6 +7,8 @@ import logging
 
 import torch
 
+from ..vae.errors import InputError
+
 log = logging.getLogger("VAEKit")
 
 
@@ -22,6 +24,17 @@ def frames_to_image(x: torch.Tensor) -> torch.Tensor:
     """[B, C, H, W] -> IMAGE; video [B, C, T, H, W] -> IMAGE frames [B*T, H, W, C], as core's VAE Decode."""
     y = bchw_to_image(x)
     return y.reshape(-1, *y.shape[-3:]) if y.dim() == 5 else y
+
+
+def latent_tensor(samples) -> torch.Tensor:
+    """The tensor of a LATENT input (the first of a nested one)."""
+    if not isinstance(samples, dict) or not torch.is_tensor(samples.get("samples")):
+        raise InputError("expected a LATENT (a dict with a 'samples' tensor).", input="samples",
+                         fix="connect a LATENT output (KSampler, VAE Encode, Load Latent).")
+    z = samples["samples"]
+    if getattr(z, "is_nested", False):
+        z = z.unbind()[0]
+    return z
 
 
 def latent_out(latent_in: dict | None, samples: torch.Tensor) -> dict:

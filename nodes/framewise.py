@@ -7,11 +7,10 @@ import torch
 
 from ..vae import checks
 from ..vae.errors import InputError
-from . import _comfy
+from . import _comfy, call
 from .base import CATEGORY, names_node
-from .convert import frames_to_image
+from .convert import frames_to_image, latent_tensor
 from .socket import as_engine
-from .tiled import _BUDGET, _DECODE_OPTIONS, _budget, _latent_tensor, _model_options, _prepare, _temporal_ratio
 
 EXACTNESS = ("Exact (equal to a one-pass decode): Wan 2.1/2.2 (also Qwen-Image's VAE), HunyuanVideo 1.5, Mochi, "
              "EasyAnimate Magvit, SeedVR2, Cosmos-1, the TAEHV family (taeh3 runs MiniMax H3's own units), and image VAEs "
@@ -52,31 +51,27 @@ class VAEKitFramewiseDecode:
                                   "Spatial tiles on top, in pixels (0: whole frames). Each tile streams the clip."}),
             "tile_overlap": ("INT", {"default": 64, "min": 0, "max": 4096, "step": 32, "advanced": True, "tooltip":
                                      "Pixels shared by neighbouring spatial tiles and blended."})},
-            "optional": {**_DECODE_OPTIONS, "max_memory": _BUDGET}}
+            "optional": {**call.DECODE_OPTIONS, "max_memory": call.BUDGET}}
 
     @names_node
     def decode(self, samples, vae, frames_per_chunk=2, overlap=1, tile_size=0, tile_overlap=64,
                decode_timestep=0.05, decode_noise_scale=0.025, seed=0, max_memory=0.0):
         engine = as_engine(vae, self.DISPLAY_NAME)
-        z = _latent_tensor(samples)
+        z = latent_tensor(samples)
         checks.latent(z)
         _check_counts(frames_per_chunk, overlap, tile_size)
-        r = _temporal_ratio(engine)
-        need = _prepare(engine, "decode", z.shape, tile=tile_size or None,
-                        tile_frames=frames_per_chunk * r if r and z.dim() == 5 else None)
-        opts = dict(tile=tile_size or None, overlap=tile_overlap, out_device=_comfy.intermediate_device(),
-                    **_budget(engine, max_memory, need),
-                    **_model_options(engine, timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed))
-        if r is None or (z.dim() == 4 and not engine.takes_clips):
-            # image VAE: the batch is the frame axis; SVD's [T, 4, h, w]: each chunk its own clip, as the
-            # original decodes ``decoding_t`` frames at a time
-            return (_decode_batches(engine, z, frames_per_chunk, opts),)
-        if z.dim() != 5:
+        r = call.temporal_ratio(engine)
+        # image VAE: the batch is the frame axis; SVD's [T, 4, h, w]: each chunk its own clip, as the
+        # original decodes ``decoding_t`` frames at a time
+        batches = r is None or (z.dim() == 4 and not engine.takes_clips)
+        if not batches and z.dim() != 5:
             raise InputError(f"expected a video latent [B, C, frames, h, w], got shape {tuple(z.shape)}.",
                              input="samples", fix="connect the LATENT of a video model.")
-        images = engine.decode(z, tile_frames=frames_per_chunk * r, overlap_frames=overlap * r,
-                               progress=_comfy.progress_callback(), **opts)
-        return (frames_to_image(images),)
+        frames = {} if batches else dict(tile_frames=frames_per_chunk * r, overlap_frames=overlap * r)
+        decode = call.prepare(engine, "decode", z.shape, max_memory,
+                              call.decode_options(decode_timestep, decode_noise_scale, seed),
+                              tile=tile_size or None, overlap=tile_overlap, **frames)
+        return (_decode_batches(decode, z, frames_per_chunk) if batches else frames_to_image(decode(z)),)
 
 
 def _check_counts(frames_per_chunk, overlap: int, tile_size: int) -> None:
@@ -92,14 +87,13 @@ def _check_counts(frames_per_chunk, overlap: int, tile_size: int) -> None:
                          fix=f"use 0 for whole frames, or {checks.MIN_TILE_PX} pixels or more.")
 
 
-
-def _decode_batches(engine, z: torch.Tensor, chunk: int, opts: dict) -> torch.Tensor:
+def _decode_batches(decode: call.NodeCall, z: torch.Tensor, chunk: int) -> torch.Tensor:
     """Image latents [N, C, h, w], ``chunk`` at a time into one preallocated IMAGE."""
     progress = _comfy.progress_callback()
     out = None
     n = z.shape[0]
     for i in range(0, n, chunk):
-        part = frames_to_image(engine.decode(z[i:i + chunk], **opts))
+        part = frames_to_image(decode(z[i:i + chunk], progress=False))
         if out is None:
             out = torch.empty((n, *part.shape[1:]), dtype=part.dtype, device=part.device)
         out[i:i + len(part)] = part

@@ -15,8 +15,7 @@ import torch
 from ..vae import VAE, checks, from_state_dict
 from ..vae.engine import tiling
 from ..vae.errors import VAEKitError
-from ..vae.handle import check_divisible
-from . import _comfy
+from . import _comfy, call
 from . import patcher as patching
 from .convert import bchw_to_image, center_crop_to_multiple, image_to_bchw, images_to_clips
 
@@ -93,7 +92,7 @@ class VAEKitVAE:
         """Before each call: this socket's patcher (a node may have set or retargeted it) loads the weights."""
         if self._patcher is not None:
             _comfy.bind(self.handle, self._patcher)
-        _comfy.prepare(self.handle, op, shape, **plan)
+        call.load_weights(self.handle, op, shape, **plan)
 
     @property
     def latent_channels(self) -> int:
@@ -260,7 +259,7 @@ class CoreVAEEngine:
             return self.core.encode((t[0].movedim(0, -1) if self.is_video else t.movedim(1, -1))).float()
         r = self.ratios["encode"]
         x = checks.image(x, int(getattr(self.core, "output_channels", 3)), r, self.is_video)
-        check_divisible(*x.shape[-2:], r, self.name)
+        checks.divisible(*x.shape[-2:], r, self.name)
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:
             grid = ((x.shape[2] - 1) // self.frames + 1,) + grid

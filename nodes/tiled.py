@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from ..vae import checks
 from ..vae.errors import InputError
-from . import _comfy
+from . import call
 from .base import CATEGORY, names_node
-from .convert import frames_to_image, image_to_bchw, images_to_clips, latent_out
-from .devices import DEVICES, pool_for
+from .convert import frames_to_image, image_to_bchw, images_to_clips, latent_out, latent_tensor
+from .devices import DEVICES
 from .socket import as_engine
 
 _TILE = ("INT", {"default": 512, "min": 64, "max": 4096, "step": 32,
@@ -39,27 +38,6 @@ _TEMPORAL_OVERLAP = ("INT", {"default": 8, "min": 4, "max": 4096, "step": 4, "ad
                              "tooltip": "Frames shared by neighbouring temporal tiles, for video VAEs (at least one "
                                         "latent frame: a later tile's first latent frame is context only, its frames "
                                         "are dropped). Ignored by image VAEs."})
-# Inputs of timestep-conditioned or sampling decoders (LTX-Video 0.9.1+, LTX-2 files with a
-# timestep-conditioned decoder; seed: also the Consistency Decoder); other VAEs ignore them. Marked
-# "advanced" (frontends that know the flag fold them away, as core folds its temporal_size), and the
-# seed is fixed: a randomizing seed would re-run the decode and all after it on every queue.
-_DECODE_OPTIONS = {
-    "decode_timestep": ("FLOAT", {"default": 0.05, "min": 0.0, "max": 1.0, "step": 0.001, "advanced": True,
-                                  "tooltip": "Timestep-conditioned LTX decoders only (LTX-Video 0.9.1+, some LTX-2 "
-                                             "files): the timestep the decoder is conditioned on (ComfyUI's "
-                                             "default 0.05). Ignored by other VAEs."}),
-    "decode_noise_scale": ("FLOAT", {"default": 0.025, "min": 0.0, "max": 1.0, "step": 0.001, "advanced": True,
-                                     "tooltip": "Timestep-conditioned LTX decoders only (LTX-Video 0.9.1+, some "
-                                                "LTX-2 files): share of noise mixed into the latent before decoding "
-                                                "(ComfyUI's default 0.025). Ignored by other VAEs."}),
-    "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "advanced": True,
-                     "control_after_generate": False,
-                     "tooltip": "Seed of the noise a decoder draws, so a decode repeats exactly: LTX-Video 0.9.1+ "
-                                "(the noise above), LTX-2.5's diffusion decoder (its pixel noise; 0 is what ComfyUI "
-                                "draws on the CPU) and the Consistency Decoder (its sampler). Tiles take their part "
-                                "of one noise field. Ignored by other VAEs."}),
-}
-
 _MODE = (["exact", "fast"], {"default": "exact",
                     "tooltip": "exact (default): the result of an untiled pass, no seams (differences at fp32 "
                                "rounding level): tiles carry a halo as wide as the layers' reach, attention runs "
@@ -76,12 +54,6 @@ _MODE = (["exact", "fast"], {"default": "exact",
                                "faint seams (and flicker in video) where tiles meet, for somewhat less time and "
                                "memory than exact. MiniMax H3: both modes give its own definition (its blended "
                                "256 px tiles in 17-frame clips), which is what its reference computes."})
-_BUDGET = ("FLOAT", {"default": 0.0, "min": 0.0, "max": 4096.0, "step": 0.25, "advanced": True,
-                     "tooltip": "Memory budget in GB (2^30 bytes) for this node's work on the VAE's device. The "
-                                "planner measures the work on the meta device first and picks the largest tile "
-                                "(at most tile_size) and chunk that fit, and logs its plan; if nothing fits, the "
-                                "error names the smallest budget that works. 0: what ComfyUI's memory manager says "
-                                "is free (the tiles as given when they fit)."})
 _TILING = {"tile_size": _TILE, "overlap": _OVERLAP, "temporal_size": _TEMPORAL, "temporal_overlap": _TEMPORAL_OVERLAP}
 # the library's argument -> this node's input, for error messages
 _TILING_INPUTS = {"tile": "tile_size", "overlap": "overlap", "tile_frames": "temporal_size",
@@ -112,18 +84,17 @@ class VAEKitTiledDecode:
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
             # optional, after the older widgets: saved workflows keep their widget positions
-            "optional": {**_DECODE_OPTIONS, "mode": _MODE, "devices": DEVICES, "max_memory": _BUDGET}}
+            "optional": {**call.DECODE_OPTIONS, "mode": _MODE, "devices": DEVICES, "max_memory": call.BUDGET}}
 
     @names_node
     def decode(self, samples, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8,
                decode_timestep=0.05, decode_noise_scale=0.025, seed=0, mode="exact", devices="", max_memory=0.0):
         engine = as_engine(vae, self.DISPLAY_NAME)
-        z = _latent_tensor(samples)
-        frames = _temporal_tile(engine, temporal_size)
-        need = _prepare(engine, "decode", z.shape, tile=tile_size, overlap=overlap, tile_frames=frames, mode=mode)
-        images = _call(engine, devices, "decode", z, tile=tile_size, overlap=overlap, tile_frames=frames,
-                       overlap_frames=temporal_overlap, mode=mode, **_budget(engine, max_memory, need),
-                       **_model_options(engine, timestep=decode_timestep, noise_scale=decode_noise_scale, seed=seed))
+        z = latent_tensor(samples)
+        images = call.run(engine, "decode", z, devices, max_memory,
+                          call.decode_options(decode_timestep, decode_noise_scale, seed), tile=tile_size,
+                          overlap=overlap, tile_frames=_temporal_tile(engine, temporal_size),
+                          overlap_frames=temporal_overlap, mode=mode)
         return (frames_to_image(images),)
 
 
@@ -152,7 +123,7 @@ class VAEKitTiledEncode:
                                             "alpha."}),
             "vae": ("VAE", {"tooltip": "A VAE from VAE Load (VAEKit) or from core's Load VAE."}),
             **_TILING},
-            "optional": {"mode": _MODE, "devices": DEVICES, "max_memory": _BUDGET}}
+            "optional": {"mode": _MODE, "devices": DEVICES, "max_memory": call.BUDGET}}
 
     @names_node
     def encode(self, pixels, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8, mode="exact",
@@ -163,66 +134,12 @@ class VAEKitTiledEncode:
                              f"{tuple(pixels.shape) if torch.is_tensor(pixels) else ''}.", input="pixels")
         x = image_to_bchw(pixels)
         if getattr(engine, "takes_clips", False):      # the IMAGE batch is one clip, as core's VAE Encode
-            x = images_to_clips(x, _temporal_ratio(engine), engine=engine)
-        frames = _temporal_tile(engine, temporal_size)
-        need = _prepare(engine, "encode", x.shape, tile=tile_size, overlap=overlap, tile_frames=frames, mode=mode)
-        z = _call(engine, devices, "encode", x, tile=tile_size, overlap=overlap, tile_frames=frames,
-                  overlap_frames=temporal_overlap, mode=mode, **_budget(engine, max_memory, need))
+            x = images_to_clips(x, call.temporal_ratio(engine), engine=engine)
+        z = call.run(engine, "encode", x, devices, max_memory, tile=tile_size, overlap=overlap,
+                     tile_frames=_temporal_tile(engine, temporal_size), overlap_frames=temporal_overlap, mode=mode)
         return (latent_out(None, z),)
-
-
-def _call(engine, devices: str, op: str, x: torch.Tensor, **kw) -> torch.Tensor:
-    """``engine.<op>``, with the tiles shared by a worker pool when ``devices`` names one."""
-    pool = pool_for(devices, engine)
-    common = dict(progress=_comfy.progress_callback(), out_device=_comfy.intermediate_device())
-    if pool is None:
-        return getattr(engine, op)(x, **common, **kw)
-    return pool.run(engine, op, x, **common, **kw)
-
-
-def _model_options(engine, **given) -> dict:
-    """Of the node's model inputs (LTX's decode timestep and noise, a seed), those the VAE's model takes:
-    the library refuses keywords a model does not take; a core VAE tiled through its own calls takes none."""
-    return engine.decode_options(given) if hasattr(engine, "decode_options") else {}
-
-
-def _latent_tensor(samples) -> torch.Tensor:
-    if not isinstance(samples, dict) or not torch.is_tensor(samples.get("samples")):
-        raise InputError("expected a LATENT (a dict with a 'samples' tensor).", input="samples",
-                         fix="connect a LATENT output (KSampler, VAE Encode, Load Latent).")
-    z = samples["samples"]
-    if getattr(z, "is_nested", False):
-        z = z.unbind()[0]
-    return z
-
-
-def _temporal_ratio(engine):
-    """Pixel frames per latent frame of a video VAE (ours or a core one), None for an image VAE."""
-    caps = getattr(engine, "caps", None)
-    return caps.temporal_ratio if caps is not None else getattr(engine, "frames", None)
 
 
 def _temporal_tile(engine, frames: int) -> int:
     """Frames run at a time: the widget's size, or less for a model that streams in chunks of its own."""
     return engine.temporal_tile(frames) if hasattr(engine, "temporal_tile") else frames
-
-
-def _prepare(engine, op: str = None, shape=None, **plan):
-    """Our VAE onto its device through ComfyUI's memory manager, with what the call needs besides
-    (a core VAE we tile through its own calls loads itself); that need, or None."""
-    if hasattr(engine, "model"):
-        return _comfy.prepare(engine, op, shape, **plan)
-    return None
-
-
-def _budget(engine, gb: float, need) -> dict:
-    """The ``budget`` keyword for our VAE's call (vae/engine/budget.py), from the node's ``max_memory``
-    (GB, 2^30 bytes; 0: what ComfyUI says is free), read by the library's one parser (vae/checks.py)."""
-    size = checks.budget(gb, "max_memory", numbers_in_gb=True, zero=True)
-    if not hasattr(engine, "model"):        # a core VAE we tile through its own calls: no planner
-        if gb:
-            _comfy.log.warning("VAEKit: max_memory applies to VAEs VAEKit implements; %s runs as asked",
-                               getattr(engine, "name", "this VAE"))
-        return {}
-    b = _comfy.budget(size, engine, need)
-    return {"budget": b} if b else {}

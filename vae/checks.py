@@ -1,6 +1,7 @@
 """Input checks where tensors and tiling arguments enter the library, with fixes that fit the numbers
-given. The handle's ``check_latent`` / ``check_image`` and the tile planners call these first, so
-nothing degenerate reaches a model (where it would end in a raw torch error or a nonsense fix).
+given. The handle's ``check_latent`` / ``check_image`` (``model_latent`` / ``model_image`` here) and the
+tile planners call these first, so nothing degenerate reaches a model (where it would end in a raw
+torch error or a nonsense fix).
 
 Decisions (README, Reliability):
 - uint8 images are converted (/255): the type fixes the range, so the conversion is exact. Other
@@ -31,7 +32,7 @@ import logging
 import math
 import numbers
 import re
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -180,6 +181,110 @@ def frames(tile_frames, overlap_frames) -> tuple[int, int]:
     planner's minimum of 2 latent frames by design)."""
     return _size(tile_frames, "tile_frames", "frames"), _size(overlap_frames, "overlap_frames", "frames")
 
+
+# ---- a tensor for one VAE: what its family declares (the handle's ``caps``) ------------------------
+
+def as_clip(caps, t) -> tuple[torch.Tensor, bool]:
+    """For a ``frames_in_batch`` model, a 4-D [T, C, h, w] tensor as the one clip [1, C, T, h, w] it
+    holds; and whether it was one (the result then goes back to [T, C, H, W])."""
+    if caps.frames_in_batch and torch.is_tensor(t) and t.dim() == 4:
+        return t.movedim(0, 1).unsqueeze(0), True
+    return t, False
+
+
+def divisible(h: int, w: int, r: int, what: str, input: str = "pixels") -> None:
+    """Images must tile the latent grid exactly: one rule and one message for every engine."""
+    if h % r or w % r:
+        raise InputError(f"the image is {w}x{h} pixels; {what} needs width and height divisible by {r}.", input=input,
+                         fix=f"crop or resize to {w // r * r}x{h // r * r} (e.g. core 'ImageCrop' or 'Upscale Image') first.")
+
+
+def model_latent(vae, z, input: str, hint: Callable[[int, int], str]) -> torch.Tensor:
+    """A LATENT for ``vae`` (a handle: its ``caps`` and ``name``), checked: kind and size (``latent``),
+    a decoder, the rank and channels its family takes, finite values. Returned as the model's layout (one
+    clip for a ``frames_in_batch`` model, no frame axis for an image model), still packed as given.
+    ``hint(channels, rank)`` names the models whose latents look like the one given."""
+    latent(z, input)
+    caps = vae.caps
+    rank = z.dim()
+    if not caps.can_decode:
+        raise InputError("this VAE has no decoder (only an encoder file was loaded).", input="vae",
+                         fix="load the matching *_decoder file too, or the pair by its stem name.")
+    z, _ = as_clip(caps, z)
+    if caps.temporal_ratio is not None:
+        if z.dim() != 5:
+            seen = f" (as {hint(z.shape[1], z.dim())} latents have)" if z.dim() == 4 else ""
+            takes = "[B, C, frames, h, w] or one clip's frames [frames, C, h, w]" if caps.frames_in_batch \
+                else "[B, C, frames, h, w] (one frame: [B, C, 1, h, w], as Qwen-Image's sampler gives them)"
+            raise InputError(f"{vae.name} is a video VAE and takes video latents {takes}; got shape "
+                             f"{tuple(z.shape)}{seen}.", input=input,
+                             fix="connect the LATENT of a video model (e.g. its sampler's output); "
+                                 "an image latent belongs to an image VAE.")
+    else:
+        if z.dim() == 5 and z.shape[2] == 1:
+            z = z[:, :, 0]
+        if z.dim() != 4:
+            raise InputError(f"expected an image latent [B, C, h, w] for {vae.name}, got shape {tuple(z.shape)}.",
+                             input=input, fix="decode video latents with a video VAE.")
+    c = z.shape[1]
+    if c not in {caps.latent_channels_packed, caps.latent_channels}:
+        src = hint(c, rank)      # the rank as given (a 5-D latent is a video model's)
+        raise InputError(
+            f"this latent has {c} channels (as {src} latents do) but the loaded VAE, {vae.name}, "
+            f"takes {caps.latent_channels_packed}.", input=input,
+            fix="load the VAE that belongs to the model that made this latent.")
+    if not torch.isfinite(z).all():
+        bad = int((~torch.isfinite(z)).sum())
+        raise InputError(f"the latent contains {bad} NaN/Inf values; decoding it would give a black or broken image.",
+                         input=input, fix="the sampler diverged: re-run it in fp32/bf16 (not fp16), "
+                                          "or with fewer steps/lower CFG; check the model and LoRA weights.")
+    return z
+
+
+def model_image(vae, x, input: str) -> torch.Tensor:
+    """Images [B, C, H, W] (or clips [B, C, T, H, W] for a video VAE; a ``frames_in_batch`` model's one
+    clip [T, C, H, W] becomes [1, C, T, H, W]) in 0..1 for ``vae`` (a handle), checked (``image``, an
+    encoder, channels, sides that tile the latent grid, finite values); a clip cut to the frames an
+    encode takes (``fit_frames``)."""
+    caps = vae.caps
+    video = caps.temporal_ratio is not None
+    x, _ = as_clip(caps, x)
+    x = image(x, caps.image_channels, caps.spatial_ratio_packed, video, input)
+    if not caps.can_encode:
+        raise InputError("this VAE has no encoder (only a decoder file was loaded).", input="vae",
+                         fix="load the matching *_encoder file too, or the pair by its stem name.")
+    dims = 5 if video else 4
+    if x.dim() == dims and x.shape[1] == 3 and caps.image_channels == 4:
+        x = torch.cat([x, x.new_ones(x[:, :1].shape)], dim=1)    # RGB into an RGBA VAE: opaque, as ComfyUI pads
+    if x.dim() != dims or x.shape[1] < caps.image_channels:
+        what = "clips [B, C, frames, H, W]" if video else "images [B, C, H, W]"
+        raise InputError(f"expected {what} with {caps.image_channels} channels, got shape {tuple(x.shape)}.",
+                         input=input)
+    x = x[:, : caps.image_channels]
+    divisible(*x.shape[-2:], caps.spatial_ratio_packed, vae.name, input)
+    if video:
+        x = x[:, :, : fit_frames(vae, x.shape[2], input)]
+    if not torch.isfinite(x).all():
+        raise InputError("the image contains NaN/Inf values.", input=input,
+                         fix="check the node that produced the image.")
+    return x
+
+
+def fit_frames(vae, t: int, input: str) -> int:
+    """Of a clip of ``t`` frames, how many an encode takes (``vae.clip_frames``: 1 + r*k by the temporal
+    compression the family declares; a model with its own clips pads them and takes all). The rest
+    is dropped from the end, as ComfyUI core's VAE Encode does, with a warning naming the counts
+    that fit."""
+    keep = vae.clip_frames(t)
+    if keep != t:
+        r = vae.caps.temporal_ratio
+        log.warning("VAEKit: %s: the clip has %d frames; %s encodes 1 + %d*k frames (a first frame, then groups "
+                    "of %d): the first %d are encoded and the last %d dropped, as ComfyUI core does. %d or %d "
+                    "frames fit.", input, t, vae.name, r, r, keep, t - keep, keep, keep + r)
+    return keep
+
+
+# ---- dtypes and devices ------------------------------------------------------------------------
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}

@@ -2,7 +2,7 @@
 file at the PUBLISHED flags (diffusers' defaults are not the published config: causal decoder, 64x/16x
 compression), settings read from the file's metadata or the published fallback, full checkpoints read
 for their VAE only, every key layout, exact tiles, the causal encoder (and a metadata-causal decoder)
-streamed, and the temporal reach of the non-causal decoder, the number the README states.
+streamed, and the temporal reach of the non-causal decoder, the number docs/families.md states.
 
 Random weights only. Conventions (ComfyUI's and the original's): encode = (posterior mean - mean) /
 std, decode un-normalises first; diffusers' decode is called with z * latents_std + latents_mean."""
@@ -416,9 +416,10 @@ def test_decoder_reach_and_the_temporal_seam(version):
     assert err[near].max() > 1e-4
 
 
-def test_readme_states_the_published_reach():
-    """The README's seam statement is computed from the published configs."""
-    text = (ROOT / "README.md").read_text()
+def test_the_families_page_states_the_published_reach():
+    """The seam statement of docs/families.md (the README's families table) is computed from the
+    published configs."""
+    text = (ROOT / "docs" / "families.md").read_text()
     for version in ("2.0", "2.3"):
         cfg = ltx.config_from_state_dict(ltx.SPEC.to_canonical(
             meta_state_dict(diffusers.AutoencoderKLLTX2Video, **PUBLISHED[version])))

@@ -58,7 +58,7 @@ CUDNN_NO_ENGINE = ("GET was unable to find an engine to execute this computation
 def test_a_cudnn_plan_search_that_failed_for_memory_is_replanned(kl, caplog, message):
     """A convolution whose every cuDNN plan failed to get its workspace raises cuDNN's engine-search
     message, not OutOfMemoryError; the out-of-memory retry (and the cache runner's replan, which asks
-    the same ``_out_of_memory``) takes it for what it is.
+    the same ``out_of_memory``) takes it for what it is.
 
     Where the message comes from: PyTorch's aten/src/ATen/native/cudnn/Conv_v8.cpp (pytorch/pytorch at
     06ca69ca4e9b). Each plan whose workspace cannot be allocated is skipped (``try_configs`` and
@@ -66,8 +66,8 @@ def test_a_cudnn_plan_search_that_failed_for_memory_is_replanned(kl, caplog, mes
     ``TORCH_CHECK(false, "GET was unable to find an engine to execute this computation")`` (heuristic
     plans: torch.backends.cudnn.benchmark off) or ``try_plans`` in ``"FIND was unable ..."`` (benchmark
     on): a RuntimeError in Python."""
-    from vae.handle import _out_of_memory
-    assert _out_of_memory(RuntimeError(message))
+    from vae.engine.replan import out_of_memory
+    assert out_of_memory(RuntimeError(message))
     z = torch.randn(1, 4, 16, 12)
     want = kl.decode(z)
     _budget(kl, 10, error=RuntimeError(message))
@@ -201,6 +201,23 @@ def test_the_comfyui_path_tells_the_memory_manager_the_load_devices_need(pack, m
     cuda = _cuda_need(handle, z.shape, **asked)
     assert handle.device.type == "cpu"
     assert calls[-1]["memory_required"] == cuda != handle.memory_needed(z.shape, **asked)
+
+
+def test_frame_wise_decode_tells_the_memory_manager_the_need_of_the_call_it_runs(pack, monkeypatch):
+    """Frame-wise Decode loads the VAE with ``memory_required`` measured for the call it then runs (one
+    set of keywords for both, nodes/call.py): its spatial tiles with their overlap and its chunks with
+    theirs, which a tile's working set grows with."""
+    from vaekit.nodes.socket import VAEKitVAE
+    from vaekit.vae import from_state_dict
+    from video_families import tiny_state_dict
+    handle = from_state_dict(tiny_state_dict("wan"))
+    calls = _loads_to_cuda(handle, monkeypatch)
+    node = pack.NODE_CLASS_MAPPINGS["VAEKitFramewiseDecode"]()
+    z = torch.randn(1, 16, 3, 12, 12)
+    node.decode({"samples": z}, VAEKitVAE(handle), frames_per_chunk=1, overlap=1, tile_size=64, tile_overlap=32)
+    run = dict(tile=64, overlap=32, tile_frames=4, overlap_frames=4)
+    assert calls[-1]["memory_required"] == _cuda_need(handle, z.shape, **run) != _cuda_need(
+        handle, z.shape, tile=64, tile_frames=4)
 
 
 def test_memory_needed_predicts_for_the_device_named(loaded):

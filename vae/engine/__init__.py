@@ -1,6 +1,8 @@
 """How a call runs, whatever the family: the engines read an architecture's declared capabilities
 (vae/spec.py), never its name.
 
+- route.py: a call as asked, the engine it takes and the one dispatch to it;
+- replan.py: a call that runs out of memory, run again in less (half the budget, or half the tile);
 - tiling.py: THE tile planner and blender (one threshold, from the tile's min size) and fast tiles;
 - streaming.py: clips chunk by chunk through the model's causal caches;
 - exact.py: exact tiles (the untiled result), over receptive.py (where tiles must meet: the model's
