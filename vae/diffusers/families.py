@@ -28,6 +28,7 @@ class Family:
     clamps: bool = False                    # decode clamps to [-1, 1], as the class does
     normalise: Callable[[Any], Optional[tuple[Number, Number]]] = lambda handle: None
     attributes: Callable[[Mapping[str, Any]], dict] = lambda config: {}
+    derived: Callable[[Mapping[str, Any]], dict] = lambda config: {}    # config keys the class sets from others
 
 
 # ---- AutoencoderKL: SD 1.x/2.x, SDXL, SD3, Flux.1 -------------------------------------------------------
@@ -97,7 +98,8 @@ AUTOENCODER_TINY = Family(
     # the network works in the diffusion model's normalised latent, ours is the raw one (ComfyUI's)
     normalise=lambda handle: (handle.config.shift, handle.config.scale),
     attributes=lambda config: dict(latent_magnitude=config["latent_magnitude"], latent_shift=config["latent_shift"],
-                                   spatial_scale_factor=2 ** config["out_channels"]))
+                                   spatial_scale_factor=2 ** config["out_channels"]),
+    derived=lambda config: dict(block_out_channels=config["decoder_block_out_channels"], force_upcast=False))
 
 
 # ---- AutoencoderKLWan (Wan 2.1, Wan 2.2) and AutoencoderKLQwenImage --------------------------------------

@@ -92,7 +92,7 @@ def class_config(family: Family, handle: VAE, hint: str, saved: Mapping[str, Any
             if key not in family.defaults:
                 continue            # diffusers' bookkeeping (_class_name, ...) and keys of other versions
             ours = weights.get(key)
-            if ours is not None and value is not None and _plain(value) != _plain(ours):
+            if ours is not None and ours is not MISSING and value is not None and _plain(value) != _plain(ours):
                 raise LoadError(f"{where} gives {key}={value!r}, but the weights ({handle.name}) have {ours!r}.",
                                 fix="check that the config belongs to these weights.")
             config[key] = _plain(value)
@@ -102,7 +102,7 @@ def class_config(family: Family, handle: VAE, hint: str, saved: Mapping[str, Any
                         "its weights do not tell.",
                         fix="load the model's diffusers folder (its vae/config.json has them), or pass "
                             f"config={{{', '.join(repr(k) + ': [...]' for k in missing)}}}.")
-    return {**config, "_class_name": family.class_name}
+    return {**config, **family.derived(config), "_class_name": family.class_name}
 
 
 def _plain(v):
