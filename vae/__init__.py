@@ -13,9 +13,10 @@ else:
     from .errors import InputError, LoadError, NonFiniteError, VAEKitError
     from .handle import VAE
     from .loading import from_state_dict, load, read_state_dict
+    from . import diffusers        # diffusers' VAE classes to their callers: vae.diffusers.load(...)
 
 __all__ = ["VAE", "load", "from_state_dict", "read_state_dict", "VAEKitError", "LoadError", "InputError",
-           "NonFiniteError"]
+           "NonFiniteError", "diffusers"]
 
 TORCH_HELP = ("VAEKit needs PyTorch, which this Python ({python}) cannot import ({error}). Fix: install it "
               "(https://pytorch.org/get-started/locally/ gives the command for your GPU, e.g. "

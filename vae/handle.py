@@ -182,7 +182,7 @@ class VAE:
     def decode(self, z: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
-               mode: str = "fast", budget: Budget = None, offload: DeviceLike = None,
+               mode: str = "fast", budget: Budget = None, offload: DeviceLike = None, clamp: bool = True,
                **options) -> torch.Tensor:
         """Latent [B, C, h, w] -> images [B, C, H, W] (video: [B, C, t, h, w] -> [B, C, T, H, W]; SVD's one
         clip [T, C, h, w] -> [T, C, H, W]) in 0..1, float32 on ``out_device`` (CPU). ``tile``/``overlap`` in pixels, ``tile_frames``/
@@ -191,17 +191,19 @@ class VAE:
         ``budget``: what the call may use on the device: bytes (int), GB (float), or '4GB' / '512MB' (a GB is
         2^30 bytes; vae/checks.py: budget); the planner (vae/engine/budget.py) then picks the
         largest tile (at most ``tile``) and chunk that fit, or raises naming the smallest budget that
-        works. ``offload``: where exact mode keeps its maps between stages (default ``out_device``)."""
+        works. ``offload``: where exact mode keeps its maps between stages (default ``out_device``).
+        ``clamp``: False gives the decoder's values as they are, beyond 0..1 too (callers that keep them, as
+        diffusers' AutoencoderKL does)."""
         tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device = self._checked(
             "decode", options, tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device)
         _, frames_in_batch = self._as_clip(z)
         z = self.check_latent(z)
         with transfer.releasing(self.device):
             return self._decode(z, options, progress, out_device, tile, overlap, tile_frames, overlap_frames, mode,
-                                budget, offload, frames_in_batch)
+                                budget, offload, frames_in_batch, clamp)
 
     def _decode(self, z, options, progress, out_device, tile, overlap, tile_frames, overlap_frames, mode, budget,
-                offload, frames_in_batch) -> torch.Tensor:
+                offload, frames_in_batch, clamp=True) -> torch.Tensor:
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
             return defined.decode(self, z, options, progress, out_device, budget, tile=tile, overlap=overlap,
                                   tile_frames=tile_frames, overlap_frames=overlap_frames)
@@ -214,7 +216,7 @@ class VAE:
             out = replan.planned(self, call, budget, out_device, offload, lambda c: self._engine(
                 g, z, c, progress, out_device, offload))
             guard.require_finite(self, out, "decode", z, opts, "samples")
-            out = out.clamp_(0.0, 1.0)
+            out = out.clamp_(0.0, 1.0) if clamp else out
             return out[0].movedim(1, 0) if frames_in_batch else out
 
     def route(self, call: Call) -> Route:

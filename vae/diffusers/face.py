@@ -1,0 +1,203 @@
+"""The face: a ``torch.nn.Module`` holding our model that answers what diffusers' pipelines and trainers
+read and call on a VAE of the declared class (families.py), each call exact (the untiled result) within
+the budget set at construction.
+
+Conventions are diffusers': pixels in [-1, 1], the class's raw latents (converted with the family's
+declared normalisation), results on the face's device in its dtype. What the face cannot honour
+(gradients, a keyword it does not know, pixels beyond [-1, 1], which our handle would clamp) is an
+InputError naming it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional
+
+import torch
+
+from .. import checks
+from ..errors import InputError
+from ..handle import VAE
+from ..nn import posterior as gaussian
+from .families import Family
+from .posterior import DiagonalGaussianDistribution, Output
+
+# top-level modules pipelines read only the dtype of (SDXL: ``vae.post_quant_conv.parameters()``)
+DTYPE_PROBES = ("post_quant_conv",)
+
+
+class FrozenConfig(dict):
+    """The class's config: dict and attribute access, read-only (as diffusers' ``FrozenDict``)."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"this config has no key '{name}'.") from None
+
+    def _frozen(self, *args, **kwargs):
+        raise InputError("a VAE's config is read-only.", input="config",
+                         fix="pass the values to vae.diffusers.load(..., config={...}).")
+
+    __setitem__ = __delitem__ = __setattr__ = update = pop = setdefault = _frozen
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on ``device`` now: CUDA's own count, else the host's available physical memory."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class Face(torch.nn.Module):
+    def __init__(self, handle: VAE, family: Family, config: Mapping[str, Any], budget=None):
+        super().__init__()
+        self.model = handle.model          # registered: parameters, ``pipe.to()`` and state_dict see it
+        self._handle, self._family = handle, family
+        self._budget = checks.budget(budget)
+        self.config = FrozenConfig(config)
+        # accepted switches of diffusers' classes: tiling and memory are the budget's business here
+        self.use_slicing = self.use_tiling = False
+        self.use_framewise_encoding = self.use_framewise_decoding = False
+        for name, value in family.attributes(self.config).items():
+            setattr(self, name, value)
+        self.eval()
+
+    # ---- what pipelines read ---------------------------------------------------------------------
+    @property
+    def handle(self) -> VAE:
+        """Our VAE handle underneath (its own conventions: pixels 0..1, ComfyUI's LATENTs)."""
+        return self._handle
+
+    @property
+    def device(self) -> torch.device:
+        return self._handle.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._handle.dtype
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            pass
+        if name in DTYPE_PROBES:
+            return self.model           # its parameters carry the face's dtype and device
+        family = self.__dict__.get("_family")
+        raise AttributeError(f"vae.diffusers' {getattr(family, 'class_name', 'face')} answers encode, decode, forward, config, dtype, "
+                             f"device, to, eval, requires_grad_ and the tiling/slicing switches, not '{name}'.")
+
+    def __repr__(self) -> str:
+        return f"{self._family.class_name}(vae.diffusers face of {self._handle!r})"
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Face":
+        if requires_grad:
+            raise InputError("the face computes without gradients (its calls run in inference mode); it cannot be "
+                             "trained or backpropagated through.", input="requires_grad_",
+                             fix="keep the VAE frozen (requires_grad_(False)), as trainers of diffusion models do.")
+        return super().requires_grad_(False)
+
+    def enable_tiling(self, *args, **kwargs) -> None:
+        """Accepted: every call runs in exact tiles when its budget asks for them (tile sizes are planned)."""
+        self.use_tiling = True
+
+    def disable_tiling(self) -> None:
+        self.use_tiling = False
+
+    def enable_slicing(self) -> None:
+        """Accepted: batches run as the budget allows."""
+        self.use_slicing = True
+
+    def disable_slicing(self) -> None:
+        self.use_slicing = False
+
+    # ---- calls ------------------------------------------------------------------------------------
+    def encode(self, x: torch.Tensor, return_dict: bool = True, **unknown):
+        _refuse(unknown, "encode")
+        _no_gradients(x, "encode")
+        _in_range(x)
+        handle, posterior = self._handle, self._family.posterior
+        out = handle.encode((x + 1) / 2, **self._call("encode", x.shape), posterior=posterior)
+        if posterior:
+            moments = gaussian.gaussian(*out)
+            shift, scale = self._normalisation(moments.dim())
+            if shift is not None:
+                moments = gaussian.normalised(moments, lambda m: (m - shift) * scale, scale)
+            result = Output(latent_dist=DiagonalGaussianDistribution(self._out(moments)))
+        else:
+            shift, scale = self._normalisation(out.dim())
+            result = Output(latents=self._out(out if shift is None else (out - shift) * scale))
+        return result if return_dict else result.to_tuple()
+
+    def decode(self, z: torch.Tensor, return_dict: bool = True, generator: Optional[torch.Generator] = None,
+               **unknown):
+        """``generator`` is accepted and unused, as by diffusers' deterministic decoders."""
+        _refuse(unknown, "decode")
+        _no_gradients(z, "decode")
+        shift, scale = self._normalisation(z.dim())
+        ours = z if shift is None else z / scale + shift
+        y = self._handle.decode(ours, **self._call("decode", z.shape), clamp=self._family.clamps)
+        result = Output(sample=self._out(y * 2 - 1))
+        return result if return_dict else result.to_tuple()
+
+    def forward(self, sample: torch.Tensor, sample_posterior: bool = False, return_dict: bool = True,
+                generator: Optional[torch.Generator] = None, **unknown):
+        """Encode then decode, as the classes' ``forward``: the posterior's sample (``sample_posterior``) or mode."""
+        _refuse(unknown, "forward")
+        if not self._family.posterior:
+            raise InputError(f"{self._family.class_name}'s forward stores its latents as 8-bit values between encode "
+                             "and decode; the face does not round latents.", input="forward",
+                             fix="call encode(x).latents, then decode(...).")
+        dist = self.encode(sample).latent_dist
+        z = dist.sample(generator=generator) if sample_posterior else dist.mode()
+        return self.decode(z, return_dict=return_dict)
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    def _normalisation(self, rank: int) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """The family's (shift, scale) as tensors that broadcast over a latent of ``rank`` dims, or Nones."""
+        declared = self._family.normalise(self._handle)
+        if declared is None:
+            return None, None
+        shape = (1, -1) + (1,) * (rank - 2)
+        return tuple(torch.as_tensor(v, dtype=torch.float32, device=self.device).reshape(shape) for v in declared)
+
+    def _call(self, op: str, shape: tuple[int, ...]) -> dict:
+        """The engine's keywords for one call: exact, results on our device, exact maps in host memory, and
+        the budget: the one set at construction, else (as ComfyUI does) what the device has free, only when
+        the call as asked would not fit in it."""
+        budget = self._budget
+        if budget is None:
+            need = self._handle.memory_needed(tuple(shape), op, mode="exact", offload="cpu")
+            free = free_memory(self.device)
+            budget = free if need is not None and need > free else None
+        return dict(mode="exact", budget=budget, out_device=self.device, offload="cpu")
+
+    def _out(self, t: torch.Tensor) -> torch.Tensor:
+        """A result as diffusers gives it: the face's dtype, an ordinary tensor (not an inference tensor,
+        which a trainer's autograd could not save)."""
+        t = t.to(self.device, self.dtype)
+        return t.clone() if t.is_inference() else t
+
+
+def _refuse(unknown: dict, call: str) -> None:
+    if unknown:
+        raise InputError(f"{call}() takes no {', '.join(repr(k) for k in unknown)} here; the face does not "
+                         "pass keywords on that it cannot honour.", input=next(iter(unknown)),
+                         fix=f"call {call}() without it (see docs/diffusers.md for what the face does not do).")
+
+
+def _no_gradients(t: torch.Tensor, call: str) -> None:
+    if torch.is_tensor(t) and t.requires_grad and torch.is_grad_enabled():
+        raise InputError(f"the input of {call}() requires gradients; the face computes without them, so none "
+                         "would reach it.", input="x" if call == "encode" else "z",
+                         fix="detach the input (x.detach()) or call inside torch.no_grad(); to train through "
+                             "the VAE, use diffusers' own class.")
+
+
+def _in_range(x: torch.Tensor) -> None:
+    if torch.is_tensor(x) and x.is_floating_point() and x.numel():
+        lo, hi = (float(v) for v in torch.aminmax(x.detach().float()))
+        if lo < -1.0 or hi > 1.0:
+            raise InputError(f"pixels span {lo:.4g}..{hi:.4g}; the face encodes pixels in [-1, 1] (diffusers' "
+                             "convention) and would clamp the rest, which diffusers does not.", input="x",
+                             fix="clamp or rescale the images to [-1, 1] first (an image processor's output is).")
