@@ -161,7 +161,7 @@ def host_limit(limit: int, device: torch.device) -> Iterator[None]:
     the next: so the freed blocks are given back at every check where the resident memory has risen a
     thirty-second of the limit above its lowest since the last trim, wherever it stands against the
     limit. Waiting for the limit to draw near let them fill the room the stretch needed (Wan 2.1 512x768x9
-    in 1.25 GiB: 1394 MiB measured against 1237 predicted, 406-540 MiB of them freed blocks). A trim
+    in 1.25 GiB: 1394 MiB measured against 1237 predicted, 406-538 MiB of them freed blocks). A trim
     costs a page walk."""
     if torch.device(device).type != "cpu":
         yield
