@@ -248,28 +248,31 @@ def test_a_planned_call_logs_its_plan_and_gives_the_exact_result(loaded, caplog)
     assert "exact" in line and "px tiles" in line and "budget" in line and "output" in line
 
 
-def test_the_cpu_allocator_is_trimmed_only_near_the_calls_limit(monkeypatch):
-    """``keep_within`` trims when the resident memory is past seven eighths of the call's limit and has
-    grown by a thirty-second of it since the last trim; outside ``host_limit`` (or on another device)
-    never."""
+def test_the_cpu_allocator_is_trimmed_when_it_grows_however_far_from_the_calls_limit(monkeypatch):
+    """``keep_within`` trims when the resident memory has risen a thirty-second of the call's limit above
+    the lowest it was at a check since the last trim, also far below the limit: the stretch after a
+    check needs the room the allocator's freed blocks would hold (Wan 2.1 512x768x9 in 1.25 GiB went
+    over its plan while they were kept until seven eighths of it). Outside ``host_limit`` (or on
+    another device) never."""
     rss, trims = [1000], []
     monkeypatch.setattr(memory, "_resident", lambda: rss[0])
     monkeypatch.setattr(memory, "trim", lambda: trims.append(rss[0]))
     memory.keep_within()
-    with memory.host_limit(160, torch.device("meta")):
+    with memory.host_limit(3200, torch.device("meta")):
         rss[0] = 5000
         memory.keep_within()
     assert trims == []
     rss[0] = 1000
-    with memory.host_limit(160, CPU):          # trims once at the start: the call's base
+    with memory.host_limit(3200, CPU):          # trims once at the start: where the call begins
         assert trims == [1000]
-        for r in (1100, 1140, 1141, 1145, 1146, 1147, 1130):
+        # 100 = 3200 / 32: 1100 is not past it, 1101 is (and far below 1000 + 7/8 of the limit)
+        for r in (1100, 1101, 1150, 1202, 1050, 1140, 1151):
             rss[0] = r
             memory.keep_within()
-    assert trims == [1000, 1141, 1147]
+    assert trims == [1000, 1101, 1202, 1151]
     rss[0] = 9000
     memory.keep_within()
-    assert len(trims) == 3
+    assert len(trims) == 4
 
 
 def test_a_budgeted_call_on_the_cpu_holds_the_allocator_to_its_plan(loaded, monkeypatch):
