@@ -382,3 +382,16 @@ def core_parity_rows(script: str, tmp_path) -> list[dict]:
     assert parity
     return parity
 
+
+
+def count_parked(mp: pytest.MonkeyPatch) -> list[int]:
+    """With ``mp``, each park of vae/engine/park.py records the bytes it parked in the returned list."""
+    from vae.engine import park
+    moved, real = [], park.park
+
+    def spy(*args, **kwargs):
+        p = real(*args, **kwargs)
+        moved.append(p.bytes)
+        return p
+    mp.setattr(park, "park", spy)
+    return moved

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import vae
-from helpers import diffusers_kl
-from vae.engine import budget, exact, memory, park
+from helpers import count_parked, diffusers_kl
+from vae.engine import budget, exact, memory
 from vae.errors import InputError
 from video_families import USER_TILED
 
@@ -68,20 +68,13 @@ def test_tile_major_runs_one_tile_at_a_time(loaded):
 
 
 def test_paused_tiles_moved_to_new_storage_change_nothing(kl, loaded):
-    """Parking a paused tile swaps its tensors' storage (on a GPU: to host memory and back). Forced onto
-    new storages on the CPU, any reference left on the old one, or a broken alias, would change the
-    result; it does not, and the tiles' activations are what moves."""
-    moved = []
-    real = park.park
-
-    def spy(*args, **kwargs):
-        p = real(*args, **kwargs)
-        moved.append(p.bytes)
-        return p
+    """Parking a paused tile empties its storages (on a GPU: their bytes to host memory) and refills them
+    when it resumes. Forced on the CPU, a read of a parked storage, a pointer kept into it or a broken
+    alias would change the result; it does not, and the tiles' activations are what is parked."""
     z = torch.randn(1, 4, 24, 20)
     cores = [[(0, 12), (12, 24)], [(0, 10), (10, 20)]]
     with torch.inference_mode(), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(park, "park", spy)
+        moved = count_parked(mp)
         plain = exact.run_exact(kl.decode_fn(), kl.model, z, cores, 1, 4, CPU)
         assert not moved                          # CPU: the offload device is the compute device
         parked = exact.run_exact(kl.decode_fn(), kl.model, z, cores, 1, 4, CPU, park_tiles="copy")

@@ -23,8 +23,8 @@ from safetensors.torch import load_file, save_file
 
 import vae
 from apart import Apart, device_of
-from helpers import ROOT, diffusers_kl
-from vae.engine import exact, park
+from helpers import ROOT, count_parked, diffusers_kl
+from vae.engine import exact
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
@@ -85,16 +85,9 @@ def test_exact_tiles_meeting_in_rounds_park_on_the_host(kl):
     """GroupNorm tiles meet in rounds; on a GPU their paused tiles wait on the host (parked), which must
     not hand a CUDA tensor a host storage (PyTorch refuses it), and the rounds' whole-tensor modules and
     re-cut slices run where the tiles compute, whatever device their payloads wait on."""
-    moved = []
-    real = park.park
-
-    def spy(*args, **kwargs):
-        p = real(*args, **kwargs)
-        moved.append(p.bytes)
-        return p
     z = torch.randn(1, 4, 12, 10)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(park, "park", spy)
+        moved = count_parked(mp)
         want, got, dev = _on_device(kl, [dict(tile=12, mode="exact")], [z])
     _same(want, got)
     assert sum(moved) > 0                           # paused tiles really were parked
