@@ -177,8 +177,8 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
     ``order``: "tiles" runs tile after tile (vae/engine/stages.py: one tile's working set), "rounds" runs
     every tile to each meeting point together (this module), "auto" the first where the model allows
     it (no GroupNorm statistics). ``park_tiles``: paused tiles of a "rounds" run wait on ``offload``
-    (vae/engine/park.py; default: when it is another kind of device than the model's; "copy": moved to new
-    storages on the same device, the tests' check that nothing depends on the old ones). ``sample`` (the
+    (vae/engine/park.py; default: when it is another kind of device than the model's; "copy": parked on the
+    same device too, emptied and refilled: the tests' check that nothing reads a parked storage). ``sample`` (the
     planner's dry run on the meta device): tile after tile, only the first and the most interior tile run.
     ``body``: how a tile-after-tile run calls the seam modules between its pauses (``body(module, x,
     *args)``: a compiled handle's graphs; vae/engine/stages.py), ``fixed`` (implied by ``body``): its tiles of
@@ -194,7 +194,7 @@ def run_exact(fn: Fn, model: nn.Module, x: torch.Tensor, cores: Sequence[Spans],
                                  sample, body, fixed)
     device = next(model.parameters()).device
     offload = torch.device(offload or out_device)
-    force = park_tiles == "copy"          # the tests' check: new storages on the same device
+    force = park_tiles == "copy"          # the tests' check: parked (emptied, refilled) on the same device
     if park_tiles is None:
         park_tiles = offload.type != device.type
     run = _Run(fn, model, x, latent, segs, events, small, chunks, out_device, device,
