@@ -355,26 +355,28 @@ def spy_tensor_reads(monkeypatch) -> list:
     return read
 
 
-def run_core_check(script: str) -> None:
-    """``bench/comfyui_checks/<script> --quick --check`` against ComfyUI core (COMFYUI_DIR / COMFYUI_PYTHON: the
-    caller skips without them); its table printed, asserting it exits 0 (every expected match held)."""
+def run_core_check(family: str) -> None:
+    """``bench/comfyui_checks/compare_core.py --family FAMILY --quick --check`` against ComfyUI core
+    (COMFYUI_DIR / COMFYUI_PYTHON: the caller skips without them); its table printed, asserting it exits 0
+    (every parity row within 1e-4)."""
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "comfyui_checks" / script),
-                           "--comfyui", os.environ["COMFYUI_DIR"], "--python", os.environ["COMFYUI_PYTHON"],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "comfyui_checks" / "compare_core.py"), "--family",
+                           family, "--comfyui", os.environ["COMFYUI_DIR"], "--python", os.environ["COMFYUI_PYTHON"],
                            "--quick", "--check"], capture_output=True, text=True, timeout=1800)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-def core_parity_rows(script: str, tmp_path) -> list[dict]:
-    """Run ``bench/comfyui_checks/<script>`` against ComfyUI core (COMFYUI_DIR / COMFYUI_PYTHON: the caller
-    skips without them) with ``--json``; its ``parity`` rows, asserted non-empty."""
+def core_parity_rows(family: str, tmp_path, *flags: str) -> list[dict]:
+    """Run ``bench/comfyui_checks/compare_core.py --family FAMILY`` against ComfyUI core (COMFYUI_DIR /
+    COMFYUI_PYTHON: the caller skips without them) with ``--json``; its ``parity`` rows, asserted non-empty."""
     import json
     import subprocess
     import sys
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "comfyui_checks" / script), "--comfyui",
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "comfyui_checks" / "compare_core.py"), "--family",
+                           family, *flags, "--comfyui",
                            os.environ["COMFYUI_DIR"], "--python", os.environ["COMFYUI_PYTHON"], "--json", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -58,7 +58,7 @@ class _InLayout(torch.nn.Module):
 def _seedvr2():
     """diffusers has no SeedVR2 class (and core's is fixed at the published widths): OUR model, random
     weights, saved in core's layout (the original's names). So this row checks our loader, engines and
-    detection, not parity: that is bench/comfyui_checks/compare_core_seedvr2.py, against core."""
+    detection, not parity: that is bench/comfyui_checks/compare_core.py --family seedvr2, against core."""
     from vae.archs import seedvr2, seedvr2_layout
     cfg = seedvr2.SeedVR2Config(widths=(32, 32, 32, 32), layers_per_block=1, temporal=(False, True, True))
     return _InLayout(seedvr2.SeedVR2VAE(cfg), seedvr2_layout.to_original)
@@ -118,7 +118,7 @@ def taehv_model(cfg, seed: int = 0) -> torch.nn.Module:
 def _taehv(latent: int, patch: int, **published):
     """No other implementation has these widths (core's and the original's are fixed at the published
     ones): ours, narrow, in the original's layout (= core's; canonical). Parity: tests/vae/test_taehv.py
-    (the original taehv.py) and bench/comfyui_checks/compare_core_taehv.py (core)."""
+    (the original taehv.py) and bench/comfyui_checks/compare_core.py --family taehv (core)."""
     from vae.archs import taehv
     cfg = taehv.TAEHVConfig(latent, patch=patch, encoder_width=8, decoder_widths=(16, 8, 8, 8), **published)
     return _InLayout(taehv_model(cfg), dict)

@@ -264,8 +264,8 @@ def write_weights(family: str, path: Path) -> None:
                    latent=cfg.latent_channels).state_dict()
         sd = vae.from_state_dict(sd).state_dict()       # canonical = ComfyUI's keys
     elif family == "svd":
-        from compare_core_svd import original_layout, published_model
-        sd = original_layout(published_model().state_dict())        # svd_xt's first stage, core's names
+        from core_families import svd_model, svd_original_layout
+        sd = svd_original_layout(svd_model().state_dict())        # svd_xt's first stage, core's names
     else:
         raise SystemExit(f"unknown family {family!r}: one of {', '.join(FAMILIES)}")
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path))

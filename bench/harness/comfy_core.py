@@ -6,7 +6,8 @@ defaults before anything imports that module."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 
 def start(comfyui: str, pytorch_attention: bool | None = None) -> None:
@@ -42,178 +43,136 @@ def vae(comfyui: str, sd: dict, **kw):
     return comfy.sd.VAE(sd=sd, **kw)
 
 
-def run_worker(script: str, comfyui: str, python: str, threads: int, weights: dict, inputs: dict,
-               prefix: str = "cmp_") -> tuple[dict, dict]:
-    """Core's side of a comparison in a subprocess under ComfyUI's ``python``: ``weights`` and ``inputs``
-    are written to a temporary folder, ``script --worker FOLDER --comfyui .. --threads ..`` runs there and
-    leaves ``core.safetensors`` (its outputs) and ``core.json`` (its report) beside them (``worker_files``,
-    ``save_worker``); both are returned. Exits with core's error if the worker fails."""
-    import json
-    import subprocess
-    import tempfile
 
-    from safetensors.torch import load_file, save_file
-    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        d = Path(tmp)
-        save_file({k: t.contiguous() for k, t in weights.items()}, d / "weights.safetensors")
-        save_file({k: t.contiguous() for k, t in inputs.items()}, d / "inputs.safetensors")
-        proc = subprocess.run([python, script, "--worker", tmp, "--comfyui", comfyui, "--threads", str(threads)],
-                              capture_output=True, text=True)
-        if proc.returncode:
-            sys.exit(f"ComfyUI FAILED:\n{proc.stderr[-3000:]}")
-        return load_file(d / "core.safetensors"), json.loads((d / "core.json").read_text())
+# ---- one core comparison: a family's declaration (bench/comfyui_checks/core_families.py) run by
+# ---- bench/comfyui_checks/compare_core.py: weights here, core's side in a worker under ComfyUI's python
+
+@dataclass(frozen=True)
+class Case:
+    """One input of a comparison: ``decode`` (randn) or ``encode`` (rand, 0..1) of ``shape``, on the
+    family's file ``file`` ("": its only one)."""
+    op: str
+    shape: tuple
+    file: str = ""
 
 
-def worker_files(folder: str) -> tuple[dict, dict]:
-    """In a worker of ``run_worker``: the weights and the inputs it was given."""
-    from safetensors.torch import load_file
-    return load_file(Path(folder) / "weights.safetensors"), load_file(Path(folder) / "inputs.safetensors")
+@dataclass(frozen=True)
+class IO:
+    """Where a case meets each side, both outputs laid out alike for the table: core's VAE Decode /
+    VAE Encode (``core_decode(v, x)``, ``core_encode(v, x)`` on core's VAE) and ours (``ours_decode(h, x)``,
+    ``ours_encode(h, x)`` on our handle)."""
+    core_decode: Callable
+    core_encode: Callable
+    ours_decode: Callable
+    ours_encode: Callable
 
 
-def save_worker(folder: str, outputs: dict, report: dict) -> None:
-    """In a worker of ``run_worker``: its outputs and its report, for the caller."""
-    import json
-    from safetensors.torch import save_file
-    save_file({k: t.contiguous() for k, t in outputs.items()}, Path(folder) / "core.safetensors")
-    (Path(folder) / "core.json").write_text(json.dumps(report))
+def socket(handle):
+    """Our VAE as core's nodes see it (``VAEKitVAE``); the handle comes from the pack (``pack_load``)."""
+    from vaekit.nodes.socket import VAEKitVAE
+    return VAEKitVAE(handle)
 
 
-def comparison_flags(p) -> None:
-    """The flags of a core comparison (``bench/comfyui_checks/compare_core_*.py``): ``--comfyui``, ``--python``,
-    ``--threads`` and the hidden ``--worker`` of ``run_worker``."""
-    import argparse
-    p.add_argument("--comfyui", required=True, help="ComfyUI source directory (the one with comfy/)")
-    p.add_argument("--python", help="ComfyUI's python (its venv); default: this one")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--worker", help=argparse.SUPPRESS)
+# video in our layout: latents [B, C, t, h, w], clips [1, 3, T, H, W] (core's IMAGE batch is the clip's frames)
+CLIP = IO(lambda v, z: v.decode(z).movedim(-1, 1), lambda v, x: v.encode(x[0].movedim(0, -1)),
+          lambda h, z: h.decode(z), lambda h, x: h.encode(x))
+# CLIP, core's IMAGE clamped to 0..1 as ours and the originals clamp (core leaves it unclamped)
+CLIP_CLAMPED = IO(lambda v, z: v.decode(z).clamp(0, 1).movedim(-1, 1), CLIP.core_encode, CLIP.ours_decode,
+                  CLIP.ours_encode)
+# images in our layout [B, 3, H, W], core's IMAGE clamped (see CLIP_CLAMPED)
+IMAGE_CLAMPED = IO(CLIP_CLAMPED.core_decode, lambda v, x: v.encode(x.movedim(1, -1)), CLIP.ours_decode,
+                   CLIP.ours_encode)
+# ComfyUI's layouts, a clip's frames in the batch: LATENT [T, C, h, w] in, IMAGE [T, H, W, 3] encoded
+FRAMES = IO(CLIP.core_decode, lambda v, x: v.encode(x), lambda h, z: h.decode(z),
+            lambda h, x: h.encode(x.movedim(-1, 1)))
+# ComfyUI's layouts on both sides: core's VAE and our socket, what core's nodes call on either
+SOCKET = IO(lambda v, z: v.decode(z), lambda v, x: v.encode(x), lambda h, z: socket(h).decode(z),
+            lambda h, x: socket(h).encode(x))
 
 
-def parse_comparison(p, worker):
-    """Parse the command line of a core comparison (``p`` has ``comparison_flags``). In a worker: run
-    ``worker(args)`` and return None. Else the arguments, with ``--comfyui`` made absolute and ``--python``
-    defaulting to this python, after setting torch's threads to ``--threads``."""
-    import torch
-    a = p.parse_args()
-    if a.worker:
-        return worker(a)
-    a.comfyui, a.python = str(Path(a.comfyui).resolve()), a.python or sys.executable
-    torch.set_num_threads(a.threads)
-    return a
+@dataclass(frozen=True)
+class Family:
+    """A core comparison: ``files(run)`` -> {file name: tensors or (tensors, metadata)} at the published
+    config (``run.quick``: the narrow one where declared), or ``core_files(a, folder)`` writing them under
+    core's python (core's own classes); ``cases`` drawn in order from one generator seeded ``seed``, then
+    ``extra_inputs(g)`` from it (``quick``: the cases of ``--quick``); ``variants(a)``: the sizes run one after
+    the other; ``io`` where they meet each side. Core's side:
+    ``core_build(a, sd, metadata, stem)`` (default ``comfy.sd.VAE``), every case through ``io``, then
+    ``core_extra(w)`` (a ``Worker``) for the outputs only one family has. Ours: ``load(path, run)``
+    (default ``vae.load``), ``case_rows(run, name, case)`` per case (default: ``run.core_row``), then
+    ``rows(run)``. ``main(a)`` replaces the whole flow where a family has its own (sizes, time and
+    memory); ``dry()`` -> (files, cases) at a tiny size, ours only. ``doc``: the published config, how
+    core builds it and every documented difference, printed by ``--list``."""
+    title: str
+    doc: str
+    cases: dict = field(default_factory=dict)
+    quick: tuple = ()
+    seed: int = 0
+    io: IO = CLIP
+    files: Optional[Callable] = None
+    core_files: Optional[Callable] = None
+    core_build: Optional[Callable] = None
+    core_keys: Callable = set
+    core_extra: Optional[Callable] = None
+    load: Optional[Callable] = None
+    case_rows: Optional[Callable] = None
+    rows: Optional[Callable] = None
+    options: Optional[Callable] = None
+    main: Optional[Callable] = None
+    workers: dict = field(default_factory=dict)
+    dry: Optional[Callable] = None
+    relative_encode: bool = False
+    variants: Optional[Callable] = None
+    extra_inputs: Optional[Callable] = None
 
 
-def diffusers_jittered(cls, seed: int):
-    """diffusers' model ``cls`` at its default config (the published one), random weights seeded with
-    ``seed``, every norm's parameters jittered (seed + 1) so that no affine is the identity."""
-    import torch
-    torch.manual_seed(seed)
-    model = cls().eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return model
-
-
-def case_inputs(cases: dict, seed: int) -> dict:
-    """The inputs of the cases ``name -> (op, shape)`` of a video comparison, from one generator seeded with
-    ``seed``: randn latents for ``decode``, clips in 0..1 (rand) for ``encode``."""
+def draw(cases: dict, seed: int, extra: Optional[Callable] = None) -> dict:
+    """The inputs of ``cases`` (name -> Case), in order, from one generator seeded with ``seed``; then
+    ``extra(generator)``'s."""
     import torch
     g = torch.Generator().manual_seed(seed)
-    return {k: torch.randn(shape, generator=g) if op == "decode" else torch.rand(shape, generator=g)
-            for k, (op, shape) in cases.items()}
+    out = {k: torch.randn(c.shape, generator=g) if c.op == "decode" else torch.rand(c.shape, generator=g)
+           for k, c in cases.items()}
+    return {**out, **(extra(g) if extra else {})}
 
 
-def video_worker(a, suffix: str, decode, encode) -> None:
-    """Core's side of a video comparison (``case_inputs``): each ``decode*`` LATENT through core's VAE Decode,
-    each clip [1, 3, T, H, W] through its VAE Encode (as an IMAGE batch), and beside them ``decode(model, x)``
-    / ``encode(model, x)`` of core's model as ``NAME + suffix``. The report: core's model class and the keys
-    it missed or did not expect in the file (``load_note``)."""
-    import torch
-    torch.set_num_threads(a.threads)
-    sd, inputs = worker_files(a.worker)
-    v = vae(a.comfyui, sd)
-    m = v.first_stage_model
-    keys = set(m.state_dict())
-    out = {}
-    with torch.inference_mode():
-        for k, x in inputs.items():
-            if k.startswith("decode"):
-                out[k] = v.decode(x).movedim(-1, 1)                  # [B, T, H, W, 3] -> [B, 3, T, H, W]
-                out[k + suffix] = decode(m, x)
-            else:
-                out[k] = v.encode(x[0].movedim(0, -1))               # an IMAGE batch [T, H, W, 3]
-                out[k + suffix] = encode(m, x)
-    save_worker(a.worker, out, {"model": type(m).__name__, "missing": sorted(keys - set(sd)),
-                                "unexpected": sorted(set(sd) - keys)})
+class Table:
+    """The rows of a comparison: max / mean abs difference of ours against a reference and the max over
+    the larger side's largest magnitude, printed as they come and kept for ``--json``. ``parity`` rows
+    compare the same computation (``--check TOL`` fails on one above TOL; the max, or with
+    ``relative_encode`` an encode row's relative figure); the others show where references differ.
+    ``kind`` (decode / encode) adds the share of decoded pixels at 0 or 1 (random weights: a saturated
+    decoder would hide differences) or the reference latent's range."""
 
+    def __init__(self, tol: Optional[float] = None, relative_encode: bool = False, width: int = 48):
+        self.rows, self.tol, self.relative_encode, self.width = [], tol, relative_encode, width
+        print(f"{'case':<{width}} {'shape':<22} {'max':>9} {'mean':>9} {'rel':>9}  {'':<6}  note")
 
-def parse_video_comparison(doc: str, cases: dict, quick: tuple, check_help: str, worker):
-    """The command line of a video comparison (``doc``'s first paragraph for --help): ``comparison_flags``,
-    ``--quick`` (only the cases named in ``quick``) and ``--check`` (``check_help``), parsed by
-    ``parse_comparison``. Returns the arguments and the cases to run; (None, {}) in a worker."""
-    import argparse
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    comparison_flags(p)
-    p.add_argument("--quick", action="store_true", help=f"only {', '.join(quick)}")
-    p.add_argument("--check", action="store_true", help=check_help)
-    a = parse_comparison(p, worker)
-    if a is None:
-        return None, {}
-    return a, {k: c for k, c in cases.items() if not a.quick or k in quick}
-
-
-class CheckedRows:
-    """The printed rows of a video comparison: case, output (T, H, W), what it is against, and ``diff``'s max
-    / mean / relative. A row expected to match is marked ok or FAIL against ``tol`` and a FAIL kept in
-    ``failed`` (for ``--check``). ``width``: the against column; ``rel``: the relative column's format."""
-
-    def __init__(self, tol: float, width: int, rel: str = "8.3f"):
-        self.tol, self.width, self.rel, self.failed = tol, width, rel, []
-        print(f"{'case':<11} {'out (T, H, W)':<15} {'against':<{width}} {'max':>9} {'mean':>9} {'rel':>8}")
-
-    def row(self, case: str, out, against: str, other, expect: bool = True) -> None:
-        mx, mean, rel = diff(out, other)
-        mark = "" if not expect else ("  ok" if mx <= self.tol else "  FAIL")
-        if expect and mx > self.tol:
-            self.failed.append(f"{case} {against}")
-        print(f"{case:<11} {str(tuple(out.shape[2:])):<15} {against:<{self.width}} {mx:>9.2e} {mean:>9.2e} "
-              f"{rel:>{self.rel}}{mark}")
-
-
-def load_note(info: dict) -> str:
-    """What ``video_worker`` reports of core's load, for a comparison's first line."""
-    return (f"core model {info['model']}, core load: {len(info['missing'])} missing, {len(info['unexpected'])} "
-            f"unexpected keys")
-
-
-class ParityTable:
-    """The rows of a core comparison (``bench/comfyui_checks/compare_core_*.py``): max / mean abs difference
-    of ours against a reference, printed as they come and kept for ``--json``. ``parity`` rows compare the
-    same computation (the tests assert them); the others show where references differ. ``width``: the
-    case column; ``skip``: leading dimensions left out of the printed shape (batch, channels)."""
-
-    def __init__(self, width: int = 40, skip: int = 2):
-        self.rows, self.width, self.skip = [], width, skip
-
-    def add(self, name: str, ours, ref, note: str, parity: bool) -> None:
+    def add(self, name: str, ours, ref, note: str = "", parity: bool = True, kind: Optional[str] = None) -> dict:
         import math
         if ours.shape != ref.shape:
-            print(f"{name:<{self.width}} SHAPE {tuple(ours.shape)} vs {tuple(ref.shape)}  {note}")
-            self.rows.append(dict(name=name, max=math.inf, mean=math.inf, parity=parity, note=note))
-            return
-        diff = (ours.float() - ref.float()).abs()
-        row = dict(name=name, max=diff.max().item(), mean=diff.mean().item(), parity=parity, note=note)
+            row = dict(name=name, max=math.inf, mean=math.inf, rel=math.inf, parity=parity, note=note)
+            print(f"{name:<{self.width}} SHAPE {tuple(ours.shape)} vs {tuple(ref.shape)}  {note}", flush=True)
+        else:
+            d = (ours.float() - ref.float()).abs()
+            mx = d.max().item()
+            rel = mx / max(ours.abs().max().item(), ref.abs().max().item(), 1e-12)
+            extra = {"decode": lambda: f"{100 * ((ours <= 0) | (ours >= 1)).float().mean().item():.0f}% clamped",
+                     "encode": lambda: f"latent range {ref.min().item():.2f}..{ref.max().item():.2f}"}.get(kind)
+            note = "; ".join(n for n in (note, extra() if extra else "") if n)
+            row = dict(name=name, max=mx, mean=d.mean().item(), rel=rel, parity=parity, note=note, kind=kind)
+            print(f"{name:<{self.width}} {str(tuple(ours.shape)):<22} {mx:>9.2e} {row['mean']:>9.2e} {rel:>9.2e}  "
+                  f"{self._mark(row):<6}  {note}", flush=True)
         self.rows.append(row)
-        print(f"{name:<{self.width}} {str(tuple(ours.shape[self.skip:])):<16} {row['max']:>9.2e} {row['mean']:>9.2e}  "
-              f"{'parity' if parity else '      '}  {note}")
+        return row
+
+    def _mark(self, row: dict) -> str:
+        if not row["parity"]:
+            return ""
+        return "parity" if self.tol is None else ("FAIL" if failed([row], self.tol, self.relative_encode) else "ok")
 
 
-def diff(a, b) -> tuple[float, float, float]:
-    """Max and mean abs difference of two outputs, and the max over the larger side's largest magnitude
-    (the rows of a core comparison). Different shapes end the run, saying both."""
-    if a.shape != b.shape:
-        raise SystemExit(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    d = (a.float() - b.float()).abs()
-    scale = max(a.abs().max().item(), b.abs().max().item(), 1e-12)
-    return d.max().item(), d.mean().item(), d.max().item() / scale
+def failed(rows: list, tol: float, relative_encode: bool = False) -> list:
+    """The names of the parity rows above ``tol`` (see ``Table``)."""
+    score = lambda r: r["rel"] if relative_encode and r.get("kind") == "encode" else r["max"]
+    return [r["name"] for r in rows if r["parity"] and not score(r) <= tol]

@@ -5,7 +5,7 @@ SAT checkpoint, full checkpoints, one half), the config read from shapes, detect
 rules (an even latent count decodes to 4t frames) and exact tiles streamed in the reference's batches.
 
 Parity with ComfyUI core (its frame batches differ from the original's) is
-bench/comfyui_checks/compare_core_cogvideox.py, run by the last test when COMFYUI_DIR / COMFYUI_PYTHON
+bench/comfyui_checks/compare_core.py --family cogvideox, run by the last test when COMFYUI_DIR / COMFYUI_PYTHON
 name a ComfyUI; its figures are in docs/families/cogvideox.md. The shared engines (tiles, streaming,
 nodes, workflows) run this family through tests/video_families.py."""
 from __future__ import annotations
@@ -267,7 +267,7 @@ def test_published_config_equals_diffusers():
 @pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
                     reason="set COMFYUI_DIR and COMFYUI_PYTHON to compare with ComfyUI core")
 def test_parity_with_comfyui_core():
-    """bench/comfyui_checks/compare_core_cogvideox.py --quick on the published config: where core's frame
+    """bench/comfyui_checks/compare_core.py --family cogvideox --quick on the published config: where core's frame
     grouping is the original's (one frame; a clip of at most 8 frames; core's own model run in the
     original's batches) ours equals core within 1e-4; its printed table has the rest."""
-    run_core_check("compare_core_cogvideox.py")
+    run_core_check("cogvideox")

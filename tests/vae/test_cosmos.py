@@ -4,7 +4,7 @@ published per-channel, per-frame statistics and sigma_data 0.5), key layouts (th
 file, diffusers', full checkpoints, one half), the config read from shapes, detection both ways, frame
 rules, and exact tiles / streaming against the untiled pass.
 
-Parity with ComfyUI core at the published config is bench/comfyui_checks/compare_core_cosmos.py, run by the
+Parity with ComfyUI core at the published config is bench/comfyui_checks/compare_core.py --family cosmos, run by the
 last test when COMFYUI_DIR / COMFYUI_PYTHON name a ComfyUI; its figures are in docs/families/cosmos.md. The
 shared engines (tiles, streaming, nodes, workflows) run this family through tests/video_families.py."""
 from __future__ import annotations
@@ -254,6 +254,6 @@ def test_published_config_equals_diffusers():
 @pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
                     reason="set COMFYUI_DIR and COMFYUI_PYTHON to compare with ComfyUI core")
 def test_parity_with_comfyui_core():
-    """bench/comfyui_checks/compare_core_cosmos.py --quick at the published config: ours equals core's VAE
+    """bench/comfyui_checks/compare_core.py --family cosmos --quick at the published config: ours equals core's VAE
     Decode / Encode and its tokenizer's modules within 1e-4."""
-    run_core_check("compare_core_cosmos.py")
+    run_core_check("cosmos")

@@ -5,7 +5,7 @@ HUNYUAN_IMAGE3_REFERENCE: ``hunyuan_image_3/autoencoder_kl_3d.py``; both import 
 every key layout, the config read from the weights, detection across families (HunyuanVideo 1.5 files,
 the 2.1 refiner VAE among them, stay HunyuanVideo 1.5), the LATENTs core gives (2.1 ``[B, 64, h, w]``, 3.0
 ``[B, 32, 1, h, w]``), exact tiles, the budget. Against ComfyUI core: bench/comfyui_checks/
-compare_core_hunyuan_image.py (run here when COMFYUI_DIR and COMFYUI_PYTHON name a ComfyUI)."""
+bench/comfyui_checks/compare_core.py --family hunyuan_image (run here when COMFYUI_DIR and COMFYUI_PYTHON name a ComfyUI)."""
 from __future__ import annotations
 
 import importlib.util
@@ -305,10 +305,10 @@ def test_published_3_matches_the_original_and_tiles_exactly():
 @pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
                     reason="set COMFYUI_DIR and COMFYUI_PYTHON to compare with ComfyUI core")
 def test_core_parity():
-    """bench/comfyui_checks/compare_core_hunyuan_image.py --quick --check: core's own classes at narrow
+    """bench/comfyui_checks/compare_core.py --family hunyuan_image --quick --check: core's own classes at narrow
     configs against ours on the same files, fp32, every row within 1e-4."""
-    script = ROOT / "bench" / "comfyui_checks" / "compare_core_hunyuan_image.py"
-    proc = subprocess.run([sys.executable, str(script), "--comfyui", os.environ["COMFYUI_DIR"], "--python",
+    script = ROOT / "bench" / "comfyui_checks" / "compare_core.py"
+    proc = subprocess.run([sys.executable, str(script), "--family", "hunyuan_image", "--comfyui", os.environ["COMFYUI_DIR"], "--python",
                            os.environ["COMFYUI_PYTHON"], "--quick", "--check", "1e-4"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -4,7 +4,7 @@ across the registry, frame and latent conventions, and the reference's own chunk
 
 diffusers has no SeedVR2 class and CI has no ComfyUI: these run our own random-weight model saved in
 core's layout. Parity with core's VAE (published config, decode and encode, one frame and a clip) is
-bench/comfyui_checks/compare_core_seedvr2.py; its figures are in docs/families/seedvr2.md. The engines (tiles, exact,
+bench/comfyui_checks/compare_core.py --family seedvr2; its figures are in docs/families/seedvr2.md. The engines (tiles, exact,
 streaming, nodes, workflows) run through the shared harness (tests/video_families.py)."""
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_every_layout_gives_identical_output(core_sd, ours, tmp_path):
 
 def test_published_config_is_read_from_shapes():
     """250,648,227 parameters = 478.1 MiB in fp16, the templates' file; core's model has the same keys and
-    shapes (bench/comfyui_checks/compare_core_seedvr2.py: 0 missing, 0 unexpected)."""
+    shapes (bench/comfyui_checks/compare_core.py --family seedvr2: 0 missing, 0 unexpected)."""
     cfg = s2.SeedVR2Config(**PUBLISHED)
     with torch.device("meta"):
         big = s2.SeedVR2VAE(cfg)

@@ -5,7 +5,7 @@ read, and the engines (exact tiles = untiled both ways, the budget).
 
 Random weights at a narrow config of the published structure (tests/helpers.diffusers_paella); the
 published config in the slow test. Parity with ComfyUI core (COMFYUI_DIR + COMFYUI_PYTHON):
-bench/comfyui_checks/compare_core_stage_a.py."""
+bench/comfyui_checks/compare_core.py --family stage_a."""
 from __future__ import annotations
 
 import os
@@ -226,5 +226,5 @@ def test_published_config_parity_and_exact_tiles():
 @pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
                     reason="set COMFYUI_DIR and COMFYUI_PYTHON to compare with ComfyUI core's stage A")
 def test_matches_comfyui_core(tmp_path):
-    parity = core_parity_rows("compare_core_stage_a.py", tmp_path)
+    parity = core_parity_rows("stage_a", tmp_path)
     assert all(r["max"] <= PARITY for r in parity), [r for r in parity if r["max"] > PARITY]

@@ -7,11 +7,11 @@ library and on the socket as core presents its own, exact tiles and the memory p
 
 The engines (fast and exact tiles, temporal tiles, nodes, workflows) run through the shared harness
 (tests/video_families.py). The comparison against ComfyUI core and the original code is
-bench/comfyui_checks/compare_core_svd.py (also run below when COMFYUI_DIR and COMFYUI_PYTHON name a
+bench/comfyui_checks/compare_core.py --family svd (also run below when COMFYUI_DIR and COMFYUI_PYTHON name a
 ComfyUI, and SVD_REFERENCE a Stability-AI/generative-models checkout)."""
 from __future__ import annotations
 
-import importlib.util
+import sys
 import os
 from pathlib import Path
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import vae
-from helpers import ROOT, assert_layouts_agree
+from helpers import ROOT, assert_layouts_agree, core_parity_rows
 from vae import registry
 from vae.archs import svd
 from vae.archs import svd_layout as layout
@@ -264,36 +264,22 @@ def test_exact_tiles_share_the_clip_statistics_and_the_planner_uses_them(ours):
 
 # ---- references outside the suite's dependencies -------------------------------------------------
 
-def _compare_script():
-    path = ROOT / "bench" / "comfyui_checks" / "compare_core_svd.py"
-    spec = importlib.util.spec_from_file_location("compare_core_svd", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _published_model():
+    """The comparison's published-config model (bench/comfyui_checks/core_families.py)."""
+    sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "comfyui_checks")]
+    from core_families import svd_model
+    return svd_model()
 
 
 @pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
                     reason="set COMFYUI_DIR and COMFYUI_PYTHON (and SVD_REFERENCE for the original) to compare")
-def test_parity_with_core_and_the_original_at_the_published_config():
+def test_parity_with_core_and_the_original_at_the_published_config(tmp_path):
     """Core's VideoDecoder (and the original's, from SVD_REFERENCE: a Stability-AI/generative-models
-    checkout) on the same published-config file: decode of 1 and 4 frames, encode of 2 (the script's cases)."""
-    cmp = _compare_script()
-    torch.set_num_threads(2)
-    ref = cmp.published_model()
-    weights = cmp.original_layout(ref.state_dict())
-    cases = {k: cmp.CASES[k] for k in ("decode_T1", "decode_T4", "encode_T1")}
-    inputs = cmp.inputs_for(cases)
+    checkout) on the same published-config file: every parity row of compare_core.py --family svd --quick."""
     original = os.environ.get("SVD_REFERENCE")
-    got = cmp.run_references(os.environ["COMFYUI_DIR"], os.environ["COMFYUI_PYTHON"], weights, inputs,
-                             original if original and Path(original).is_dir() else None)
-    assert got["info"]["missing"] == [] and got["info"]["unexpected"] == []
-    v = vae.from_state_dict(weights)
-    for k, (op, _) in cases.items():
-        x = inputs[k]
-        ours = v.decode(x) if op == "decode" else v.encode(x.movedim(-1, 1))
-        for who in ("core", "original"):
-            if f"{who}_{k}" in got:
-                assert (ours - got[f"{who}_{k}"]).abs().max() <= PARITY, (who, k)
+    flags = ["--quick"] + (["--original", original] if original and Path(original).is_dir() else [])
+    for row in core_parity_rows("svd", tmp_path, *flags):
+        assert row["max"] <= PARITY, row
 
 
 @pytest.mark.slow
@@ -301,7 +287,7 @@ def test_published_config_matches_diffusers_and_tiles_exactly():
     """svd_xt's published config, random weights (mix factors drawn): decode of a 4-frame clip and encode
     against diffusers, and exact 64 px tiles against one pass."""
     torch.set_num_threads(2)
-    ref = _compare_script().published_model()
+    ref = _published_model()
     v = vae.from_state_dict(ref.state_dict())
     z = torch.randn(4, 4, 12, 10)
     out = v.decode(z)

@@ -2,7 +2,7 @@
 (metadata, file name, shapes; never the dtype), streaming and exact tiles equal to one pass, MiniMax
 H3's clip rule with warm-up units equal to the reference's one pass; parity with the original taehv.py
 when a copy is given (TAEHV_REFERENCE) and with ComfyUI core's class when a ComfyUI is given
-(COMFYUI_DIR + COMFYUI_PYTHON: bench/comfyui_checks/compare_core_taehv.py). Tiny widths here; the
+(COMFYUI_DIR + COMFYUI_PYTHON: bench/comfyui_checks/compare_core.py --family taehv). Tiny widths here; the
 original's parity runs its published widths."""
 from __future__ import annotations
 
@@ -275,5 +275,5 @@ def test_matches_the_original_at_the_published_config(tmp_path, name):
 @pytest.mark.skipif(not (os.environ.get("COMFYUI_DIR") and os.environ.get("COMFYUI_PYTHON")),
                     reason="set COMFYUI_DIR and COMFYUI_PYTHON to compare with ComfyUI core's TAEHV")
 def test_matches_comfyui_core(tmp_path):
-    parity = core_parity_rows("compare_core_taehv.py", tmp_path)
+    parity = core_parity_rows("taehv", tmp_path)
     assert all(r["max"] <= 1e-4 for r in parity), [r for r in parity if r["max"] > 1e-4]

@@ -1,0 +1,891 @@
+"""The families compare_core.py compares against ComfyUI core: for each, the published config and its random
+weights, how core builds it, the inputs, and every documented difference between core and ours (``doc``,
+printed by ``compare_core.py --list``). The builders of the published weights are also the bench scripts'.
+
+Weights are random under fixed seeds (no published file is available offline), written once in the file
+layout core loads; core loads it as its Load VAE does unless the family says otherwise."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from harness import comfy_core
+from harness.comfy_core import CLIP_CLAMPED, FRAMES, IMAGE_CLAMPED, SOCKET, Case, Family
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = 0
+
+
+def _repo() -> None:
+    for path in (str(ROOT), str(ROOT / "tests")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def diffusers_jittered(cls, seed: int = SEED, **config):
+    """diffusers' model ``cls`` at ``config`` (default: its defaults, the published one), random weights
+    seeded with ``seed``, every norm's parameters jittered (seed + 1) so that no affine is the identity."""
+    torch.manual_seed(seed)
+    model = cls(**config).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def drawn(shapes: dict, seed: int = SEED) -> dict:
+    """Every tensor of ``shapes`` (name -> shape) drawn (core's ops leave parameters uninitialised):
+    matrices at unit output variance, biases around 0, norm scales around 1."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in shapes.items():
+        if len(shape) > 1:
+            out[name] = torch.randn(shape, generator=g) / torch.Size(shape[1:]).numel() ** 0.5
+        else:
+            out[name] = (1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn(shape, generator=g)
+    return out
+
+
+def pack_load(run, path: Path, dtype=torch.float32):
+    """Ours as ComfyUI imports the pack (its socket wraps this handle)."""
+    _repo()
+    from vae.cli.pack import load_pack
+    return load_pack().vae.load(path, dtype=dtype)
+
+
+def _dry(files: dict, **cases) -> tuple[dict, dict]:
+    return files, {k: Case(*c) for k, c in cases.items()}
+
+
+def _outside(raw: torch.Tensor) -> str:
+    return f"{100 * ((raw < 0) | (raw > 1)).float().mean():.1f}% of core's values outside 0..1"
+
+
+# ---- CogVideoX ------------------------------------------------------------------------------------
+
+def _cogvideox_files(run) -> dict:
+    import diffusers
+    run.state["ref"] = ref = diffusers_jittered(diffusers.AutoencoderKLCogVideoX)
+    return {"cogvideox.safetensors": ref.state_dict()}
+
+
+def _cogvideox_core(w) -> None:
+    m = w.v.first_stage_model                     # core's own model in the original's grouping
+    for k, x in w.inputs.items():
+        w.out[k + " original"] = (((m._decode_batched(x) + 1) / 2).clamp(0, 1) if k.startswith("decode")
+                                  else m.encoder(x * 2 - 1)[0].chunk(2, dim=1)[0])
+
+
+def _cogvideox_case(run, k: str, c: Case) -> None:
+    ref, x, t, add = run.state["ref"], run.inputs[k], c.shape[2], run.table.add
+    ours = run.core_row(k, c, parity=t == 1 or (c.op == "encode" and t <= 8), note="core's grouping")
+    add(f"{k} vs core, original's grouping", ours, run.core[k + " original"], "core's model", True, c.op)
+    if c.op == "decode":
+        add(f"{k} vs diffusers", ours, ((ref.decode(x).sample + 1) / 2).clamp(0, 1), "", True, c.op)
+        return
+    old = ref.num_sample_frames_batch_size
+    batched = ref.encode(x * 2 - 1).latent_dist.mean
+    ref.num_sample_frames_batch_size = t
+    one = ref.encode(x * 2 - 1).latent_dist.mean
+    ref.num_sample_frames_batch_size = old
+    add(f"{k} vs diffusers (8-frame batches)", ours, batched, "", t < 16, c.op)
+    add(f"{k} vs diffusers one pass", ours, one, "the original's encode", True, c.op)
+
+
+def _cogvideox_dry():
+    import diffusers
+    m = diffusers_jittered(diffusers.AutoencoderKLCogVideoX, block_out_channels=(32,) * 4, layers_per_block=1)
+    return _dry({"cogvideox.safetensors": m.state_dict()}, decode=("decode", (1, 16, 3, 4, 4)),
+                encode=("encode", (1, 3, 5, 32, 32)))
+
+
+COGVIDEOX = Family(
+    title="CogVideoX VAE (core: comfy/ldm/cogvideo/vae.py), published config, random weights (seed 0)",
+    doc="""Weights: diffusers' AutoencoderKLCogVideoX at its default config, which is every published one (2B, 5B,
+5B-I2V, 1.5-5B), GroupNorm affines and SpatialNorm convs jittered, saved with diffusers' keys (= ComfyUI's).
+diffusers runs in this process on the module the weights came from.
+Differences:
+- core's VAE Decode runs conv_in, the mid block and the two time-resampling levels over the whole clip and the
+  rest in 4-frame chunks; its VAE Encode runs the T % 8 leftover frames, then 8 at a time: GroupNorm
+  statistics over other frames than the original's. Parity with core only for one frame and encodes of <= 8.
+- `vs core, original's grouping`: core's own model run as the original groups frames (decode: its
+  _decode_batched, batches of 2 latent frames, the first with t % 2 more; encode: its encoder in one pass),
+  which isolates the grouping as the difference.
+- diffusers encodes in 8-frame batches (one pass up to 15 frames); `diffusers one pass` is the original's.""",
+    cases={"decode_t1": Case("decode", (1, 16, 1, 8, 8)), "decode_t3": Case("decode", (1, 16, 3, 4, 4)),
+           "decode_t4": Case("decode", (1, 16, 4, 4, 4)), "decode_t13": Case("decode", (1, 16, 13, 4, 4)),
+           "encode_T1": Case("encode", (1, 3, 1, 64, 64)), "encode_T5": Case("encode", (1, 3, 5, 32, 32)),
+           "encode_T9": Case("encode", (1, 3, 9, 32, 32)), "encode_T17": Case("encode", (1, 3, 17, 32, 32)),
+           "encode_T49": Case("encode", (1, 3, 49, 32, 32))},
+    quick=("decode_t1", "decode_t3", "encode_T1", "encode_T5", "encode_T9"),
+    files=_cogvideox_files, core_extra=_cogvideox_core, case_rows=_cogvideox_case, dry=_cogvideox_dry)
+
+
+# ---- Cosmos-1 --------------------------------------------------------------------------------------
+
+def cosmos_weights(**config) -> tuple[dict, object]:
+    """diffusers' AutoencoderKLCosmos at ``config`` (default: the published CV8x8x8-1.0) in the original's
+    layout (core's file: ``.conv3d`` / ``.norm`` wrappers, the wavelet constants, the latent statistics as
+    ``latent_mean`` / ``latent_std``), and the diffusers model."""
+    import diffusers
+    _repo()
+    from vae.archs import cosmos_layout
+    ref = diffusers_jittered(diffusers.AutoencoderKLCosmos, **config)
+    weights = cosmos_layout.to_original(cosmos_layout.to_canonical(ref.state_dict()))
+    if ref.config.latents_mean is not None:
+        weights.update(latent_mean=torch.tensor(ref.config.latents_mean), latent_std=torch.tensor(ref.config.latents_std))
+    return weights, ref
+
+
+def _cosmos_files(run) -> dict:
+    weights, run.state["ref"] = cosmos_weights()
+    run.state["stats"] = [weights[k].view(1, 16, -1, 1, 1) for k in ("latent_mean", "latent_std")]
+    return {"cosmos_cv8x8x8_1.0.safetensors": weights}
+
+
+def _cosmos_core(w) -> None:
+    m = w.v.first_stage_model                     # core's tokenizer without the statistics
+    for k, x in w.inputs.items():
+        w.out[k + " raw"] = (m.decoder(m.post_quant_conv(x)) if k.startswith("decode")
+                             else m.quant_conv(m.encoder(x * 2 - 1)))
+
+
+def _cosmos_case(run, k: str, c: Case) -> None:
+    ref, x, (mean, std) = run.state["ref"], run.inputs[k], run.state["stats"]
+    v = run.ours[c.file or next(iter(run.ours))]
+    table = lambda s, n: s[:, :, torch.arange(n) % s.shape[2]]       # frame i takes column i % 16, as core does
+    ours = run.core_row(k, c)
+    if c.op == "decode":
+        z = x * table(std, c.shape[2]) / 0.5 + table(mean, c.shape[2])
+        run.table.add(f"{k} vs diffusers", ours, ((ref.decode(z).sample + 1) / 2).clamp(0, 1), "", True, c.op)
+        run.table.add(f"{k} vs core model, raw", v.model.decode(x), run.core[k + " raw"], "[-1, 1]", True)
+    else:
+        z = ref.encode(x * 2 - 1).latent_dist.mode()
+        n = z.shape[2]
+        run.table.add(f"{k} vs diffusers", ours, (z - table(mean, n)) * 0.5 / table(std, n), "", True, c.op)
+        run.table.add(f"{k} vs core model, raw", v.model.encode(x * 2 - 1), run.core[k + " raw"], "raw latents", True)
+
+
+def _cosmos_dry():
+    weights, _ = cosmos_weights(encoder_block_out_channels=(8, 8, 16, 16), decode_block_out_channels=(8, 16, 16, 16),
+                                num_layers=1)
+    return _dry({"cosmos.safetensors": weights}, decode=("decode", (1, 16, 2, 2, 2)),
+                encode=("encode", (1, 3, 9, 16, 16)))
+
+
+COSMOS = Family(
+    title="Cosmos-1 tokenizer CV8x8x8 (core: comfy/ldm/cosmos/vae.py), published config, random weights (seed 0)",
+    doc="""Weights: diffusers' AutoencoderKLCosmos at its default config (the published CV8x8x8-1.0, the one core
+builds for cosmos_cv8x8x8_1.0.safetensors), norm affines jittered, written in the original's layout with the
+published latent statistics as latent_mean / latent_std, for core and for ours.
+Rows:
+- `diffusers`: its pipelines' LATENT rule around the model (decode: z * std / 0.5 + mean before decode;
+  encode: (z - mean) * 0.5 / std after encode), pixels mapped and clamped as ComfyUI does; they differ from
+  ComfyUI only in where that rule lives.
+- `core model, raw`: core's tokenizer modules without the statistics (decode: post_quant_conv and decoder;
+  encode: encoder and quant_conv) against ours, in [-1, 1] / raw latents.""",
+    cases={"decode_t1": Case("decode", (1, 16, 1, 8, 8)), "decode_t3": Case("decode", (1, 16, 3, 4, 6)),
+           "decode_t18": Case("decode", (1, 16, 18, 2, 2)), "encode_T1": Case("encode", (1, 3, 1, 64, 64)),
+           "encode_T9": Case("encode", (1, 3, 9, 32, 48)), "encode_T17": Case("encode", (1, 3, 17, 32, 32))},
+    quick=("decode_t1", "decode_t3", "encode_T1", "encode_T9"),
+    files=_cosmos_files, core_extra=_cosmos_core, case_rows=_cosmos_case, dry=_cosmos_dry)
+
+
+# ---- SeedVR2 ---------------------------------------------------------------------------------------
+
+SEEDVR2 = dict(widths=(128, 256, 512, 512), layers_per_block=2, temporal=(False, True, True))
+SEEDVR2_TILES = dict(tile=512, overlap=128, temporal=64, temporal_overlap=8)   # the templates' tiled nodes
+
+
+def seedvr2_weights(seed: int = SEED, **config) -> dict:
+    """Random weights at ``config`` (default: the published one, which core hard-codes), GroupNorm affines
+    jittered, in core's layout (the original's names)."""
+    _repo()
+    from vae.archs import seedvr2, seedvr2_layout
+    torch.manual_seed(seed)
+    model = seedvr2.SeedVR2VAE(seedvr2.SeedVR2Config(**{**SEEDVR2, **config})).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return {k: v.contiguous() for k, v in seedvr2_layout.to_original(model.state_dict()).items()}
+
+
+def _seedvr2_core(w) -> None:
+    v, t, x = w.v, SEEDVR2_TILES, w.inputs
+    image = lambda c: c[0].movedim(0, -1)
+    if "tiles_decode" in x:       # VAE Decode (Tiled) 512/128 px: latent units, as the node passes them
+        w.out["tiles_decode tiled"] = v.decode_tiled(
+            x["tiles_decode"], tile_x=t["tile"] // 8, tile_y=t["tile"] // 8, overlap=t["overlap"] // 8,
+            tile_t=t["temporal"] // 4, overlap_t=t["temporal_overlap"] // 4).movedim(-1, 1)
+        w.out["tiles_encode tiled"] = v.encode_tiled(image(x["tiles_encode"]), tile_x=t["tile"], tile_y=t["tile"],
+                                                     overlap=t["overlap"], tile_t=t["temporal"],
+                                                     overlap_t=t["temporal_overlap"])
+    m = v.first_stage_model       # the definition (chunks, 0.5 GiB splits) against one pass of the same modules
+    for k in ("decode_t5", "encode_T17"):
+        call = (lambda: m.decode(x[k])) if k.startswith("decode") else (lambda: m.encode(x[k] * 2 - 1))
+        w.out[k + " chunks"] = call()
+        m.use_slicing = False
+        m.set_memory_limit(None, None)
+        w.out[k + " whole"] = call()
+        m.use_slicing = True
+        m.set_memory_limit(0.5, 0.5)
+
+
+def _seedvr2_case(run, k: str, c: Case) -> None:
+    v, x, t = run.ours[next(iter(run.ours))], run.inputs[k], SEEDVR2_TILES
+    if k.startswith("tiles"):
+        call, untiled = getattr(v, c.op), run.core[k]
+        run.core_row(k, c, label=f"{k}: ours untiled")
+        run.table.add(f"{k}: core tiled 512/128", run.core[k + " tiled"], untiled,
+                      f"core VAE {c.op.capitalize()} (Tiled) vs core untiled", False)
+        run.table.add(f"{k}: ours fast 512/128", call(x, tile=t["tile"], overlap=t["overlap"]), untiled,
+                      "ours fast tiles vs core untiled", False)
+        run.table.add(f"{k}: ours exact 512", call(x, tile=t["tile"], mode="exact"), untiled,
+                      "ours exact tiles vs core untiled", True)
+    elif c.op == "decode":
+        run.core_row(k, c)
+        run.table.add(f"{k} (ours one pass)", ((v.model.decode(x) + 1) / 2).clamp(0, 1), run.core[k],
+                      "vs core VAE Decode", True, c.op)
+    else:
+        keep = 1 + 4 * ((c.shape[2] - 1) // 4)
+        run.core_row(k, c, v.encode(x[:, :, :keep]), "" if keep == c.shape[2] else
+                     f"ours: the first {keep} frames (core encodes all; its causal encoder ignores the rest)")
+
+
+def _seedvr2_rows(run) -> None:
+    for k in ("decode_t5", "encode_T17"):
+        run.table.add(f"core chunks vs one pass ({k})", run.core[k + " chunks"], run.core[k + " whole"],
+                      "core's model: its slicing + 0.5 GiB splits vs neither ([-1, 1] / raw mean)", False)
+
+
+SEEDVR2_FAMILY = Family(
+    title="SeedVR2 VAE (core: comfy/ldm/seedvr/vae.py), published config, random weights (seed 0)",
+    doc="""Weights: ours at the published config (widths 128/256/512/512, 2 resnets a level, temporal levels 1 and
+2, 16 latent channels; core hard-codes it; diffusers has no SeedVR2 class), GroupNorm affines jittered,
+written in core's layout (seedvr2_layout.to_original). --quick leaves out the 640x640 tile rows.
+Differences:
+- `encode_T11`: core encodes all 11 frames (its causal encoder ignores the 2 past the last group of 4); ours
+  takes the first 9, as our nodes and core's VAE Encode of other video VAEs do.
+- `core chunks vs one pass`: core's model with its slicing and 0.5 GiB splits (its definition) against the
+  same model with both off.
+- tiles (one 640x640 frame): core's tiled path (what the SeedVR2 templates run: the model's own 256..512 px
+  tiler, cosine blends, 512/128 px) and ours fast (blended tiles) and exact, each against core untiled.""",
+    cases={"decode_t1": Case("decode", (1, 16, 1, 8, 8)), "decode_t5": Case("decode", (1, 16, 5, 8, 8)),
+           "encode_T1": Case("encode", (1, 3, 1, 64, 64)), "encode_T17": Case("encode", (1, 3, 17, 64, 64)),
+           "encode_T11": Case("encode", (1, 3, 11, 64, 64)),
+           "tiles_decode": Case("decode", (1, 16, 1, 80, 80)), "tiles_encode": Case("encode", (1, 3, 1, 640, 640))},
+    quick=("decode_t1", "decode_t5", "encode_T1", "encode_T17", "encode_T11"),
+    files=lambda run: {"seedvr2_ema_vae.safetensors": seedvr2_weights()}, core_extra=_seedvr2_core,
+    case_rows=_seedvr2_case, rows=_seedvr2_rows,
+    dry=lambda: _dry({"seedvr2.safetensors": seedvr2_weights(widths=(32,) * 4, layers_per_block=1)},
+                     decode=("decode", (1, 16, 2, 4, 4)), encode=("encode", (1, 3, 5, 32, 32))))
+
+
+# ---- Stable Video Diffusion -----------------------------------------------------------------------
+
+SVD = dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=4,
+           down_block_types=("DownEncoderBlock2D",) * 4)
+SVD_DECODING_T = 14      # the original's sampling script (scripts/sampling/simple_video_sample.py)
+SVD_CORE_FRAMES = 7      # frames core's free-memory estimate lets through in the emulated row
+SVD_TILE, SVD_OVERLAP = 128, 32  # pixels (core's tiled node halves a side: 64 px tiles would leave none)
+
+
+def svd_model(seed: int = SEED, **config):
+    """diffusers' AutoencoderKLTemporalDecoder at ``config`` (default: svd_xt's), random weights, GroupNorm
+    affines jittered and the mix factors drawn (at 0 the image and temporal halves could be swapped unseen);
+    its quant conv set to the identity (the original's first stage has none)."""
+    import diffusers
+    torch.manual_seed(seed)
+    m = diffusers.AutoencoderKLTemporalDecoder(**{**SVD, **config}).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("mix_factor"):
+                p.copy_(2 * torch.randn(p.shape, generator=g))
+            elif "norm" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+        m.quant_conv.weight.copy_(torch.eye(8)[:, :, None, None])
+        m.quant_conv.bias.zero_()
+    return m
+
+
+def svd_original_layout(diffusers_sd: dict) -> dict:
+    """The same weights in the original's (= core's) names, without diffusers' quant conv."""
+    _repo()
+    from vae.archs import svd_layout
+    return {k: v.contiguous() for k, v in svd_layout.to_canonical(diffusers_sd).items() if not k.startswith("quant_conv.")}
+
+
+def _svd_files(run) -> dict:
+    run.state["ref"] = ref = svd_model()
+    return {"svd_xt_vae.safetensors": svd_original_layout(ref.state_dict())}
+
+
+def _svd_original(path: str):
+    """The original's encoder and video decoder at svd.yaml's first-stage config, imported from a
+    generative-models checkout without its package ``__init__``s (they pull in training-only packages)."""
+    import importlib
+    import types
+    for name, sub in (("sgm", "sgm"), ("sgm.modules", "sgm/modules")):
+        if name not in sys.modules:
+            m = types.ModuleType(name)
+            m.__path__ = [str(Path(path) / sub)]
+            sys.modules[name] = m
+    model = importlib.import_module("sgm.modules.diffusionmodules.model")
+    temporal = importlib.import_module("sgm.modules.autoencoding.temporal_ae")
+    dd = dict(attn_type="vanilla", double_z=True, z_channels=4, resolution=256, in_channels=3, out_ch=3, ch=128,
+              ch_mult=[1, 2, 4, 4], num_res_blocks=2, attn_resolutions=[], dropout=0.0)
+    return model.Encoder(**dd).eval(), temporal.VideoDecoder(**dd, video_kernel_size=[3, 1, 1]).eval()
+
+
+def _svd_core(w) -> None:
+    v, x, out = w.v, w.inputs, w.out
+    pixels = lambda images: images.movedim(-1, 1)
+    if "decode_T4" in x:
+        out["frame0 alone"] = pixels(v.decode(x["decode_T4"][:1]))
+        out["5d"] = pixels(v.decode(x["decode_T4"].movedim(0, 1).unsqueeze(0)))       # [1, 4, 4, h, w]
+    if "decode_T25" in x:        # core's free-memory rule: SVD_CORE_FRAMES frames a clip
+        need = v.memory_used_decode(x["decode_T25"].shape, v.vae_dtype)
+        free = v.patcher.get_free_memory
+        v.patcher.get_free_memory = lambda device: SVD_CORE_FRAMES * need
+        out["split"] = pixels(v.decode(x["decode_T25"]))
+        v.patcher.get_free_memory = free
+    if "tiles_decode" in x:      # VAE Decode (Tiled): latent units, as the node passes them
+        out["tiled"] = pixels(v.decode_tiled(x["tiles_decode"], tile_x=SVD_TILE // 8, tile_y=SVD_TILE // 8,
+                                             overlap=SVD_OVERLAP // 8))
+    if w.a.original:
+        encoder, decoder = _svd_original(w.a.original)
+        encoder.load_state_dict({k[8:]: t for k, t in w.sd.items() if k.startswith("encoder.")})
+        decoder.load_state_dict({k[8:]: t for k, t in w.sd.items() if k.startswith("decoder.")})
+        decode = lambda z: ((decoder(z, timesteps=len(z)) + 1) / 2).clamp(0, 1)
+        for k, t in x.items():
+            if k.startswith("encode"):
+                out[f"original {k}"] = encoder(pixels(t) * 2 - 1)[:, :4]       # the regulariser's mode
+            elif k != "tiles_decode":
+                out[f"original {k}"] = decode(t)
+        if "decode_T25" in x:     # decode_first_stage with en_and_decode_n_samples_a_time = SVD_DECODING_T
+            z = x["decode_T25"]
+            out["original decoding_t"] = torch.cat([decode(z[i:i + SVD_DECODING_T])
+                                                    for i in range(0, len(z), SVD_DECODING_T)])
+
+
+def _svd_case(run, k: str, c: Case) -> None:
+    ref, x = run.state["ref"], run.inputs[k]
+    ours = run.core_row(k, c)
+    if k in ("decode_T25", "tiles_decode"):
+        return
+    want = (((ref.decode(x, num_frames=len(x)).sample + 1) / 2).clamp(0, 1) if c.op == "decode"
+            else ref.encode(x.movedim(-1, 1) * 2 - 1).latent_dist.mode())
+    run.table.add(f"{k} vs diffusers", ours, want, "", True, c.op)
+    if f"original {k}" in run.core:
+        run.table.add(f"{k} vs original", ours, run.core[f"original {k}"], "", True, c.op)
+
+
+def _svd_rows(run) -> None:
+    if "decode_T25" not in run.inputs:
+        return
+    v, ref, got, add, n = run.ours[next(iter(run.ours))], run.state["ref"], run.core, run.table.add, SVD_DECODING_T
+    x4 = run.inputs["decode_T4"]
+    add("frame 0 alone vs in a 4-frame clip (core)", got["frame0 alone"], got["decode_T4"][:1],
+        "the decoder mixes frames", False)
+    add("frame 0 alone vs in a 4-frame clip (ours)", v.decode(x4[:1]), v.decode(x4)[:1], "", False)
+    x = run.inputs["decode_T25"]
+    chunked = torch.cat([v.decode(x[i:i + n]) for i in range(0, len(x), n)])
+    if "original decoding_t" in got:
+        add(f"25 frames, clips of {n}: ours vs original", chunked, got["original decoding_t"],
+            "ours: Frame-wise Decode's chunks; original: decoding_t")
+    dchunks = torch.cat([((ref.decode(x[i:i + n], num_frames=len(x[i:i + n])).sample + 1) / 2).clamp(0, 1)
+                         for i in range(0, len(x), n)])
+    add(f"25 frames, clips of {n}: ours vs diffusers", chunked, dchunks, "decode_chunk_size")
+    add(f"25 frames: one clip vs clips of {n} (ours)", v.decode(x), chunked, "what the clip rule changes", False)
+    add(f"core, {SVD_CORE_FRAMES} frames a clip vs one clip", got["split"], got["decode_T25"],
+        "core's free-memory rule", False)
+    add("5-D [1, 4, 4, h, w]: core vs ours", got["5d"], v.decode(x4.movedim(0, 1).unsqueeze(0))[0].movedim(1, 0),
+        "core keeps frame 0; ours decodes the clip", False)
+    x, untiled = run.inputs["tiles_decode"], got["tiles_decode"]
+    add(f"tiles: ours exact {SVD_TILE} px vs core untiled", v.decode(x, tile=SVD_TILE, mode="exact"), untiled)
+    add(f"tiles: ours fast {SVD_TILE}/{SVD_OVERLAP} vs core untiled",
+        v.decode(x, tile=SVD_TILE, overlap=SVD_OVERLAP), untiled, "", False)
+    add(f"tiles: core tiled {SVD_TILE}/{SVD_OVERLAP} vs core untiled", got["tiled"], untiled,
+        "core VAE Decode (Tiled), its three-pass average", False)
+
+
+SVD_FAMILY = Family(
+    title="Stable Video Diffusion VAE (core: AutoencodingEngine + temporal_ae.VideoDecoder), published config, "
+          "random weights (seed 0)",
+    doc="""Weights: diffusers' AutoencoderKLTemporalDecoder at svd_xt's vae/config.json (128/256/512/512, 2 layers a
+block, 4 latent channels), GroupNorm affines jittered, mix factors drawn; diffusers' quant_conv (its
+conversion takes the encoder from the checkpoint's conditioner embedder) set to the identity, as the original's
+first stage has none; the file is that state dict in the original's names. --original PATH: also the
+original (Stability-AI/generative-models, imported under --python, which needs einops). Inputs in ComfyUI's
+layouts: a LATENT [T, 4, h, w] is one clip, IMAGE [T, H, W, 3]. --quick: the parity rows only.
+Differences:
+- clip rule: frame 0 decoded alone differs from frame 0 of a 4-frame clip (the decoder mixes frames); 25
+  frames as the original's sampling script decodes them (decoding_t 14: clips of 14 and 11) against ours 14 at
+  a time (Frame-wise Decode: each chunk its own clip) and diffusers' decode_chunk_size=14.
+- core decodes free // memory_used_decode frames a clip: the row emulates 7 (its formula at 576x1024 bf16
+  with 18 GiB free) against all 25 in one clip.
+- a 5-D latent [1, 4, 4, h, w]: core keeps its first frame, ours decodes the clip.
+- tiles (4 frames of 192x192): ours exact 128 px and fast 128/32 px, core's VAE Decode (Tiled) 128/32 px
+  (its three-pass average), each against core untiled.""",
+    cases={"decode_T1": Case("decode", (1, 4, 8, 8)), "decode_T4": Case("decode", (4, 4, 8, 8)),
+           "decode_T14": Case("decode", (14, 4, 8, 8)), "encode_T1": Case("encode", (1, 64, 64, 3)),
+           "encode_T5": Case("encode", (5, 64, 64, 3)), "decode_T25": Case("decode", (25, 4, 8, 8)),
+           "tiles_decode": Case("decode", (4, 4, 24, 24))},
+    quick=("decode_T1", "decode_T4", "decode_T14", "encode_T1", "encode_T5"), io=FRAMES,
+    files=_svd_files, core_extra=_svd_core, case_rows=_svd_case, rows=_svd_rows,
+    options=lambda g: g.add_argument("--original", help="svd: a Stability-AI/generative-models checkout"),
+    dry=lambda: _dry({"svd.safetensors": svd_original_layout(svd_model(block_out_channels=(32,) * 4,
+                                                                       layers_per_block=2).state_dict())},
+                     decode=("decode", (2, 4, 4, 4)), encode=("encode", (2, 32, 32, 3))))
+
+
+# ---- Stable Cascade stage A ------------------------------------------------------------------------
+
+STAGE_A_TILE = 128             # px: our exact tiles and core's tiled decode
+
+
+def stage_a_weights(widths=(192, 384), bottleneck_blocks: int = 12, codebook_size: int = 8192) -> dict:
+    """Random weights (randn / sqrt(fan-in), the six learned scalars of each block and the latent
+    BatchNorm's statistics off their defaults, the head scaled so that most pixels stay inside 0..1) at the
+    published config by default, in the original's / ComfyUI's layout."""
+    _repo()
+    from vae.archs import stage_a
+    cfg = stage_a.StageAConfig(widths=widths, hidden=4, bottleneck_blocks=bottleneck_blocks, latent_channels=4,
+                               codebook_size=codebook_size, patch=2, image_channels=3, has_encoder=True, has_decoder=True)
+    model = stage_a.StageA(cfg)
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 0.5 if name.endswith("gammas") else 1 / (p[0].numel() if p.dim() > 1 else 10) ** 0.5
+            p.copy_(scale * torch.randn(p.shape, generator=g))
+        bn = model.down_blocks[-1][1]
+        bn.running_mean.copy_(0.1 * torch.randn(4, generator=g))
+        bn.running_var.copy_(0.5 + torch.rand(4, generator=g))
+        model.out_block[0].weight.mul_(0.2)
+        model.out_block[0].bias.fill_(0.5)
+    return {k.replace(".depthwise.", ".depthwise.1."): v.contiguous() for k, v in model.state_dict().items()}
+
+
+def _stage_a_core(w) -> None:
+    from comfy.ldm.cascade.stage_a import StageA
+    v, z, r = w.v, w.inputs["decode"], w.v.upscale_ratio
+    w.out["decode raw"] = v.decode(z).movedim(-1, 1)
+    w.out["decode tiled"] = v.decode_tiled(z, tile_x=STAGE_A_TILE // r, tile_y=STAGE_A_TILE // r,
+                                           overlap=STAGE_A_TILE // r // 4).movedim(-1, 1)
+    strict = StageA()             # core's own class loads the file: exactly core's keys?
+    missing, unexpected = strict.load_state_dict(dict(w.sd), strict=False)
+    w.info["strict StageA"] = dict(missing=list(missing), unexpected=list(unexpected))
+    w.out["encode quantized"] = strict.eval().encode(w.inputs["encode"], quantize=True)[0]
+
+
+def _stage_a_case(run, k: str, c: Case) -> None:
+    v, x, t = run.ours[next(iter(run.ours))], run.inputs[k], STAGE_A_TILE
+    if c.op == "decode":
+        raw = run.core["decode raw"]
+        run.core_row(k, c, note=f"core clamped (its process_output is the identity); {_outside(raw)}")
+        run.table.add("decode, network output", v.model.decode(x), raw, "ours unclamped vs core's IMAGE", True)
+        run.table.add(f"decode exact {t} px tiles", v.decode(x, tile=t, mode="exact"), run.core[k],
+                      "ours exact tiles vs core untiled", True)
+        run.table.add(f"core tiled {t} px", run.core["decode tiled"].clamp(0, 1), run.core[k],
+                      "core VAE Decode (Tiled) vs core untiled", False)
+        run.table.add(f"ours fast {t} px tiles", v.decode(x, tile=t, overlap=t // 4), run.core[k],
+                      "ours fast tiles vs core untiled", False)
+    else:
+        lat = run.core_row(k, c, note="not quantized")
+        run.table.add(f"encode exact {t} px tiles", v.encode(x, tile=t, mode="exact"), run.core[k],
+                      "ours exact tiles vs core untiled", True)
+        run.table.add("encode quantized", v.model.quantize(lat), run.core["encode quantized"],
+                      "ours quantize(encode) vs core StageA.encode(quantize=True)", True)
+
+
+def _stage_a_rows(run) -> None:
+    """diffusers' PaellaVQModel on the same tensors (its codebook key) beside ours and core."""
+    print(f"  core's StageA on the file: {run.info['strict StageA']}")
+    try:
+        from diffusers.pipelines.deprecated.wuerstchen.modeling_paella_vq_model import PaellaVQModel
+    except ImportError:
+        print("diffusers not importable: no diffusers rows")
+        return
+    from safetensors.torch import load_file
+    v, z, x, add = run.ours[next(iter(run.ours))], run.inputs["decode"], run.inputs["encode"], run.table.add
+    m = PaellaVQModel().eval()
+    weights = load_file(str(run.d / next(iter(run.ours))))
+    m.load_state_dict({k.replace("vquantizer.codebook.", "vquantizer.embedding."): t for k, t in weights.items()})
+    dec, enc = m.decode(z).sample, m.encode(x).latents
+    add("decode vs diffusers", v.decode(z), dec.clamp(0, 1), "ours vs diffusers' decode clamped", True)
+    add("encode vs diffusers", v.encode(x), enc, "ours vs diffusers' encode", True)
+    add("diffusers decode vs core", dec, run.core["decode raw"], "both unclamped", True)
+    add("diffusers encode vs core", enc, run.core["encode"], "", True)
+
+
+STAGE_A = Family(
+    title="Stable Cascade stage A (core: comfy/ldm/cascade/stage_a.py), published config, random weights "
+          "(seed 0), latent 64x48 (256x192 px)",
+    doc="""Weights: random at the published config (2 levels, 12 bottleneck blocks, 384 wide, 4 latent channels,
+8192 codes), written in the original's / ComfyUI's layout as stage_a.safetensors; core's own StageA also
+loads it strictly, to show the file has exactly core's keys. diffusers' PaellaVQModel (when importable) loads
+the same tensors under its codebook name.
+Differences:
+- decode: core's IMAGE is the network's output unclamped (stage A's process_output is the identity); we clamp
+  to 0..1 as every other image VAE does. Compared clamped; the note says how much of core's output lies
+  outside 0..1, and `decode, network output` compares the unclamped outputs.
+- encode: core's VAE Encode runs StageA.encode without quantizing; so do diffusers and we. The `quantized`
+  row is core's encode(x, quantize=True) beside our quantize(encode(x)).
+- `core tiled`: core's VAE Decode (Tiled) (independent tiles, blended) beside core untiled.""",
+    cases={"decode": Case("decode", (1, 4, 64, 48)), "encode": Case("encode", (1, 3, 256, 192))}, seed=SEED + 1,
+    io=IMAGE_CLAMPED, files=lambda run: {"stage_a.safetensors": stage_a_weights()}, core_extra=_stage_a_core,
+    case_rows=_stage_a_case, rows=_stage_a_rows,
+    dry=lambda: _dry({"stage_a.safetensors": stage_a_weights((16, 32), 1, 64)}, decode=("decode", (1, 4, 8, 8)),
+                     encode=("encode", (1, 3, 32, 32))))
+
+
+# ---- the TAEHV family ------------------------------------------------------------------------------
+
+HY15 = 1.03682
+TAEHV_PIXELS = 64        # output side of every case
+# file name -> (latent channels, patch, encoder TPool strides, decoder TGrow strides, latent frames, frames)
+TAEHV = {
+    "taehv": (16, 1, (2, 2, 1), (1, 2, 2), 5, 9),
+    "lighttaew2_1": (16, 1, (2, 2, 1), (1, 2, 2), 5, 9),
+    "lighttaew2_2": (48, 2, (2, 2, 1), (1, 2, 2), 5, 9),
+    "lighttaehy1_5": (32, 2, (2, 2, 1), (1, 2, 2), 5, 9),
+    "taeltx_2": (128, 4, (2, 2, 2), (2, 2, 2), 3, 17),
+    "taeh3": (24, 2, (2, 2, 1), (1, 2, 2), 12, 18),
+}
+# the original's file name -> the weights it is given (the same tensors under its own name)
+TAEHV_ORIGINAL = {"taehv": "taehv", "taew2_1": "lighttaew2_1", "taehv1_5": "lighttaehy1_5", "taew2_2": "lighttaew2_2",
+                  "taeltx_2": "taeltx_2", "taeh3": "taeh3"}
+
+
+def taehv_weights(name: str, **widths) -> dict:
+    """Random weights (randn / sqrt(fan-in); the decoder's head x 0.4 and centred in the pixel range, so
+    frames are mostly not clamped) at the published config of ``name``, rounded to fp16."""
+    _repo()
+    from vae.archs import taehv
+    latent, patch, enc_t, dec_t, _, _ = TAEHV[name]
+    cfg = taehv.TAEHVConfig(latent, patch=patch, encoder_time=enc_t, decoder_time=dec_t,
+                            act=taehv.LATENT_SPACES[name].act, **widths)
+    model = taehv.TAEHV(cfg)
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) / (p[0].numel() if p.dim() > 1 else 10) ** 0.5)
+        model.decoder[-1].weight.mul_(0.4)
+        model.decoder[-1].bias.add_(sum(model.config.value_range) / 2)
+    return {k: v.half().contiguous() for k, v in model.state_dict().items()}
+
+
+def _taehv_files(run) -> dict:
+    files = {}
+    for name in TAEHV:        # taehv in fp16 (core calls an fp16 16-channel file taehv), the others fp32
+        sd = taehv_weights(name)
+        files[f"{name}.safetensors"] = sd if name == "taehv" else {k: v.float() for k, v in sd.items()}
+    files["taehv_fp32.safetensors"] = {k: v.float() for k, v in files["taehv.safetensors"].items()}
+    return files
+
+
+def _taehv_cases() -> dict:
+    out = {}
+    for name, (latent, patch, _, _, t, frames) in TAEHV.items():
+        h, f, p = TAEHV_PIXELS // (8 * patch), f"{name}.safetensors", TAEHV_PIXELS
+        out.update({f"{name} decode t=1": Case("decode", (1, latent, 1, h, h), f),
+                    f"{name} decode t={t}": Case("decode", (1, latent, t, h, h), f),
+                    f"{name} encode T=1": Case("encode", (1, 3, 1, p, p), f),
+                    f"{name} encode T={frames}": Case("encode", (1, 3, frames, p, p), f)})
+    return out
+
+
+def _taehv_core(w) -> None:
+    v, m, stem = w.v, w.v.first_stage_model, w.stem.removesuffix(".safetensors")
+    w.info[w.stem].update(latent_format=type(m.latent_format).__name__ if m.latent_format else None,
+                          act=type(m.decoder[2]).__name__, upscale=[v.upscale_ratio[1], v.upscale_ratio[0](5)])
+    for k, x in w.inputs.items():
+        if k.startswith(stem + " decode"):
+            w.out[k + " raw"] = v.decode(x).movedim(-1, 1)
+    if stem == "taehv_fp32":      # the same weights in fp32: core's other 16-channel model
+        w.out["taehv_fp32 decode"] = v.decode(w.inputs["taehv decode t=5"]).movedim(-1, 1)
+    if stem == "taeltx_2":
+        try:
+            w.out["taeltx_2 tiled"] = v.decode_tiled(w.inputs["taeltx_2 decode t=3"], tile_x=1, tile_y=1, overlap=0,
+                                                     tile_t=2, overlap_t=1).movedim(-1, 1)
+        except Exception as e:        # noqa: BLE001 - reported as a row
+            w.info[w.stem]["tiled_error"] = f"{type(e).__name__}: {e}"[:200]
+
+
+def _taehv_case(run, k: str, c: Case) -> None:
+    v, x, add = run.ours[c.file], run.inputs[k], run.table.add
+    s = HY15 if c.file.startswith("lighttaehy1_5") else 1.0     # core's scale that LightX2V does not apply
+    if c.op == "encode":
+        run.core_row(k, c, v.encode(x) / s, "ours / 1.03682" if s != 1 else "")
+        return
+    given = "ours given z * 1.03682; " if s != 1 else ""
+    run.core_row(k, c, v.decode(x * s), f"core clamped; {given}{_outside(run.core[k + ' raw'])}")
+    if s != 1:
+        add(f"{k} as given", v.decode(x), run.core[k], "the same LATENT: core's extra scale", False)
+    if c.shape[2] > 1 and not v.caps.own_tiling:
+        add(f"{k} streamed", v.decode(x * s, tile_frames=v.caps.temporal_ratio), run.core[k],
+            "ours one latent frame at a time vs core", True)
+        add(f"{k} exact tiles", v.decode(x * s, tile=TAEHV_PIXELS // 2, mode="exact"), run.core[k],
+            f"ours exact {TAEHV_PIXELS // 2} px tiles vs core untiled", True)
+
+
+def _taehv_rows(run) -> None:
+    core, info, add = run.core, run.info, run.table.add
+    for stem, i in info.items():
+        print(f"  core {stem}: latent format {i['latent_format']}, activation {i['act']}, ratios "
+              f"{i['upscale'][0]}x, 5 latent frames -> {i['upscale'][1]} frames")
+    fp16 = core["taehv decode t=5"]
+    add("taehv dtype: core, fp32 copy", core["taehv_fp32 decode"].clamp(0, 1), fp16,
+        "core: the same weights stored fp32 decode as lighttaew2_1", False)
+    add("taehv dtype: ours, fp32 copy", run.ours["taehv_fp32.safetensors"].decode(run.inputs["taehv decode t=5"]),
+        fp16, "ours: the name decides, not the dtype", True)
+    if "taeltx_2 tiled" in core:
+        add("taeltx_2 core tiled", core["taeltx_2 tiled"].clamp(0, 1), core["taeltx_2 decode t=3"],
+            "core VAE Decode (Tiled) vs core untiled", False)
+    else:
+        print(f"taeltx_2 core tiled: core VAE Decode (Tiled): {info['taeltx_2.safetensors'].get('tiled_error')}")
+    if run.a.reference:
+        _taehv_original(run)
+
+
+def _taehv_original(run) -> None:
+    """The original's own loader on the same weights (as NAME.pth), under its own file names."""
+    import importlib.util
+
+    import vae
+    from safetensors.torch import load_file
+    spec = importlib.util.spec_from_file_location("_taehv_reference", run.a.reference)
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    for orig, ours_name in TAEHV_ORIGINAL.items():
+        sd = {k: v.float() for k, v in load_file(str(run.d / f"{ours_name}.safetensors")).items()}
+        torch.save(sd, run.d / f"{orig}.pth")
+        tae = ref.TAEHV(checkpoint_path=str(run.d / f"{orig}.pth")).eval()
+        v = vae.load(run.d / f"{orig}.pth")
+        scale = torch.as_tensor(v.config.scale).reshape(1, -1, 1, 1, 1)
+        shift = torch.as_tensor(v.config.shift).reshape(1, -1, 1, 1, 1)
+        t, frames = TAEHV[ours_name][4:]
+        for key in (f"{ours_name} decode t=1", f"{ours_name} decode t={t}"):
+            net = run.inputs[key]
+            if orig == "taeh3" and net.shape[2] == 1:
+                continue                   # one latent frame: the original gives 5 frames, core and we 1
+            want = tae.decode_video(net.transpose(1, 2), parallel=True, show_progress_bar=False).transpose(1, 2)
+            run.table.add(f"original {orig} decode t={net.shape[2]}", v.decode(net / scale + shift), want,
+                          "vs the original decode_video", True)
+        x = run.inputs[f"{ours_name} encode T={frames}"]
+        want = tae.encode_video(x.transpose(1, 2), parallel=True, show_progress_bar=False).transpose(1, 2)
+        run.table.add(f"original {orig} encode T={x.shape[2]}", v.encode(x), want / scale + shift,
+                      "vs the original encode_video", True)
+
+
+TAEHV_FAMILY = Family(
+    title="TAEHV family (core: comfy/taesd/taehv.py), published configs, random weights (seed 0, fp16 values), "
+          "fp32 compute, 64x64 px",
+    doc="""Weights: each variant random at its published config (encoder 64 wide, decoder 256/128/64/64, the
+published time strides and patch), rounded to fp16 as madebyollin publishes them, under the published file
+names: taehv.safetensors in fp16 (core calls an fp16 16-channel file taehv), the others fp32 (core's other
+16-channel choice, lighttaew2_1, is "not fp16"). Core picks its branch by its own rules; ours reads the latent
+space from the file name. --reference PATH (madebyollin/taehv taehv.py): the original's TAEHV(checkpoint_path)
+on the same weights as NAME.pth (taew2_1 and taehv1_5 under lighttaew2_1's and lighttaehy1_5's weights).
+Differences:
+- decode: core's IMAGE is the network's output unclamped for every branch but lighttaehy1_5 and taeh3
+  (identity process_output); the original clamps to 0..1, and so do we. Compared clamped; the note says how
+  much of core's output lies outside 0..1 (random weights saturate often).
+- lighttaehy1_5: core multiplies the LATENT by 1.03682 (its HunyuanVideo 1.5 latent format) before the network
+  and divides after; LightX2V, which made the file, feeds the raw latent (LightTaeHy15.decode: latents /
+  1.03682 of the sampler's scaled latent). We follow LightX2V; the parity row gives ours z * 1.03682 so both
+  networks see the same input, the `as given` row the same LATENT.
+- taehv dtype: the taehv weights stored in fp32: core takes them for lighttaew2_1 (no 0.476986 scale).
+- taeltx_2 core tiled: core's VAE Decode (Tiled) with its ratios for 128-channel TAEHVs (16x / 4x; the
+  network is 32x / 8x).""",
+    cases=_taehv_cases(), io=CLIP_CLAMPED, files=_taehv_files, core_extra=_taehv_core, case_rows=_taehv_case,
+    rows=_taehv_rows, options=lambda g: g.add_argument("--reference", help="taehv: a copy of madebyollin's taehv.py"),
+    dry=lambda: _dry({f"{n}.safetensors": taehv_weights(n, encoder_width=8, decoder_widths=(16, 8, 8, 8))
+                      for n in TAEHV},
+                     **{k: (c.op, c.shape, c.file) for k, c in _taehv_cases().items() if "=1" in k}))
+
+
+# ---- HunyuanImage 2.1 and 3.0 ----------------------------------------------------------------------
+
+# core's ddconfig per variant (comfy/sd.py), and the narrow one of --quick (the same structure)
+HUNYUAN_IMAGE = {
+    "2.1": dict(published=dict(block_out_channels=[128, 256, 512, 512, 1024, 1024], num_res_blocks=2),
+                quick=dict(block_out_channels=[32, 32, 64, 64, 128, 128], num_res_blocks=1),
+                common=dict(in_channels=3, out_channels=3, z_channels=64, ffactor_spatial=32,
+                            downsample_match_channel=True, upsample_match_channel=True),
+                module="comfy.ldm.hunyuan_video.vae"),
+    "3.0": dict(published=dict(block_out_channels=[128, 256, 512, 1024, 1024], num_res_blocks=2),
+                quick=dict(block_out_channels=[32, 32, 64, 64, 64], num_res_blocks=1),
+                common=dict(in_channels=3, out_channels=3, z_channels=32, ffactor_spatial=16, ffactor_temporal=4,
+                            downsample_match_channel=True, upsample_match_channel=True, refiner_vae=False),
+                module="comfy.ldm.hunyuan_video.vae_refiner"),
+}
+HUNYUAN_IMAGE_EXACT = ("2.1 decode 3x4", "2.1 encode 96x128", "3.0 decode 1x32x1x4x3", "3.0 encode 64x48")
+
+
+def _hy_file(variant: str) -> str:
+    return f"hunyuan_image_{variant}_vae.safetensors"
+
+
+def _hy_engine(a, variant: str):
+    comfy_core.start(a.comfyui)
+    from comfy.ldm.models.autoencoder import AutoencodingEngine
+    c = HUNYUAN_IMAGE[variant]
+    ddconfig = {**c["common"], **c["quick" if a.quick else "published"]}
+    return AutoencodingEngine(regularizer_config={"target": "comfy.ldm.models.autoencoder.DiagonalGaussianRegularizer"},
+                              encoder_config={"target": f"{c['module']}.Encoder", "params": ddconfig},
+                              decoder_config={"target": f"{c['module']}.Decoder", "params": ddconfig})
+
+
+def _hy_files(w) -> None:
+    """Core's model of each variant, every tensor drawn, in core's file layout (= Tencent's names)."""
+    from safetensors.torch import save_file
+    for variant in HUNYUAN_IMAGE:
+        shapes = {k: p.shape for k, p in _hy_engine(w.a, variant).state_dict().items()}
+        save_file({k: t.contiguous() for k, t in drawn(shapes).items()}, str(w.d / _hy_file(variant)))
+    (w.d / "files.json").write_text(json.dumps([_hy_file(v) for v in HUNYUAN_IMAGE]))
+
+
+def _hy_crop(image: torch.Tensor, r: int) -> torch.Tensor:
+    """comfy.sd.VAE.vae_encode_crop_pixels: sides centre-cropped to multiples of the ratio."""
+    h, w = image.shape[1] // r * r, image.shape[2] // r * r
+    y, x = (image.shape[1] % r) // 2, (image.shape[2] % r) // 2
+    return image[:, y:y + h, x:x + w]
+
+
+class _CoreClasses:
+    """Core's Encoder / Decoder classes in an AutoencodingEngine (--quick: comfy.sd.VAE builds only the
+    published widths), with what comfy.sd.VAE's decode / encode do around the model: LATENT -> 0..1 IMAGE
+    (3.0: a one-frame clip's frames), IMAGE centre-cropped -> [-1, 1] (3.0: as one-frame clips) -> LATENT."""
+
+    def __init__(self, model, variant: str):
+        self.first_stage_model, (self.r, self.clip) = model, (32, False) if variant == "2.1" else (16, True)
+
+    def decode(self, z):
+        return ((self.first_stage_model.decode(z) + 1) / 2).clamp(0, 1).movedim(1, -1)
+
+    def encode(self, image):
+        x = _hy_crop(image, self.r).movedim(-1, 1) * 2 - 1
+        return self.first_stage_model.encode(x.unsqueeze(2) if self.clip else x)
+
+
+def _hy_core_build(w, meta):
+    variant = "2.1" if "2.1" in w.stem else "3.0"
+    if w.a.quick:
+        model = _hy_engine(w.a, variant)
+        model.load_state_dict(w.sd, strict=True)
+        return _CoreClasses(model.eval(), variant)
+    v = comfy_core.vae(w.a.comfyui, dict(w.sd))
+    v.throw_exception_if_invalid()
+    return v
+
+
+def _hy_references(handle, variant: str) -> dict:
+    """name -> (decode: LATENT -> 0..1 IMAGE, encode: IMAGE -> LATENT) of the references that load the same
+    weights: diffusers and Tencent's original (2.1), Tencent's original (3.0), the originals when
+    HUNYUAN_IMAGE21_REFERENCE / HUNYUAN_IMAGE3_REFERENCE name copies of hyimage/models/vae/hunyuanimage_vae.py /
+    hunyuan_image_3/autoencoder_kl_3d.py."""
+    import importlib.util
+    import os
+
+    from vae.archs import hunyuan_image_layout
+
+    def module(env: str):
+        path = os.environ.get(env)
+        if not path or not os.path.isfile(path) or importlib.util.find_spec("einops") is None:
+            return None
+        spec = importlib.util.spec_from_file_location(f"_{env.lower()}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    cfg, sd, r = handle.config, hunyuan_image_layout.to_original(handle.state_dict()), handle.caps.spatial_ratio
+    pix = lambda y: ((y.clamp(-1, 1) + 1) / 2).movedim(1, -1)
+    clip = (lambda x: x[:, :, None]) if variant == "3.0" else (lambda x: x)
+    models = {}
+    common = dict(in_channels=3, out_channels=3, latent_channels=cfg.latent_channels, block_out_channels=cfg.widths,
+                  layers_per_block=cfg.layers_per_block)
+    if variant == "2.1":
+        import diffusers
+        m = diffusers.AutoencoderKLHunyuanImage(**common, spatial_compression_ratio=cfg.ratios[0], sample_size=384)
+        theirs = m.state_dict()             # our layout reads diffusers' keys in order: the names
+        names = list(hunyuan_image_layout.to_canonical(theirs))
+        m.load_state_dict({k: handle.state_dict()[n] for k, n in zip(theirs, names)}, strict=True)
+        models["diffusers"] = m
+        mod = module("HUNYUAN_IMAGE21_REFERENCE")
+        if mod:
+            models["Tencent"] = mod.HunyuanVAE2D(**common, ffactor_spatial=cfg.ratios[0], sample_size=384,
+                                                 sample_tsize=1)
+            models["Tencent"].load_state_dict(sd)
+    else:
+        mod = module("HUNYUAN_IMAGE3_REFERENCE")
+        if mod:
+            models["Tencent"] = mod.AutoencoderKLConv3D(**common, ffactor_spatial=cfg.ratios[0],
+                                                        ffactor_temporal=cfg.frames, sample_size=256, sample_tsize=64)
+            models["Tencent"].load_state_dict(sd)
+    return {k: (lambda z, m=m.eval(): pix(m.decode(z).sample),
+                lambda im, m=m: m.encode(clip(_hy_crop(im, r).movedim(-1, 1)) * 2 - 1).latent_dist.mode())
+            for k, m in models.items()}
+
+
+def _hy_case(run, k: str, c: Case) -> None:
+    from vaekit.nodes.convert import center_crop_to_multiple
+    handle, x = run.ours[c.file], run.inputs[k]
+    ours = run.core_row(k, c)
+    refs = run.state.setdefault(c.file, _hy_references(handle, k[:3]))
+    for name, (dec, enc) in refs.items():
+        run.table.add(f"{k} vs {name}", ours, dec(x) if c.op == "decode" else enc(x), "", True, c.op)
+    if k in HUNYUAN_IMAGE_EXACT:
+        s = handle.caps.spatial_ratio
+        y = (comfy_core.socket(handle)._out(handle.decode(x, tile=2 * s, mode="exact"), x) if c.op == "decode" else
+             handle.encode(center_crop_to_multiple(x, s).movedim(-1, 1), tile=2 * s, mode="exact"))
+        run.table.add(f"{k} exact {2 * s} px tiles", y, run.core[k], "vs core", True, c.op)
+
+
+def _hy_dry():
+    import diffusers
+    _repo()
+    import vae
+    from vae.archs import hunyuan_image_layout
+    m = diffusers_jittered(diffusers.AutoencoderKLHunyuanImage, in_channels=3, out_channels=3, latent_channels=64,
+                           block_out_channels=(32, 32, 64, 64, 128, 128), layers_per_block=1,
+                           spatial_compression_ratio=32, sample_size=384)
+    sd = hunyuan_image_layout.to_original(vae.from_state_dict(m.state_dict()).state_dict())
+    return _dry({_hy_file("2.1"): sd}, decode=("decode", (1, 64, 2, 2)), encode=("encode", (1, 64, 64, 3)))
+
+
+HUNYUAN_IMAGE_FAMILY = Family(
+    title="HunyuanImage 2.1 and 3.0 VAEs (core: hunyuan_video/vae.py, vae_refiner.py refiner_vae=False)",
+    doc="""Weights: core's own model at the published config (2.1: widths 128..1024 over 6 levels, 64 latent
+channels, 32x; 3.0: 128..1024 over 5 levels, 32 channels, 16x; the ddconfig core's comfy/sd.py builds), every
+tensor drawn (core's ops leave parameters uninitialised), written once in core's file layout (= Tencent's
+names) under core's python. Core loads it with comfy.sd.VAE (its detection and VAE Decode / Encode: 0..1
+mapping, clamp, centre crop; 3.0's images as one-frame clips); ours with vae.load behind our socket
+(VAEKitVAE: what core's nodes call on our VAE), and with exact tiles. Also diffusers (2.1) and Tencent's
+originals (HUNYUAN_IMAGE21_REFERENCE / HUNYUAN_IMAGE3_REFERENCE). --quick: the same structures narrow; there
+core's Encoder/Decoder classes are built in an AutoencodingEngine as comfy/sd.py builds them, with core's
+pixel mapping (x * 2 - 1; clamp((y + 1) / 2)). --check applies to every parity row: decode max abs, encode
+max abs relative to the latent's largest value. No documented difference: every row is parity.""",
+    cases={"2.1 decode 3x4": Case("decode", (1, 64, 3, 4), _hy_file("2.1")),
+           "2.1 decode 2x2, batch 2": Case("decode", (2, 64, 2, 2), _hy_file("2.1")),
+           "2.1 encode 96x128": Case("encode", (1, 96, 128, 3), _hy_file("2.1")),
+           "2.1 encode 100x70 (centre-cropped)": Case("encode", (1, 100, 70, 3), _hy_file("2.1")),
+           "3.0 decode 1x32x1x4x3": Case("decode", (1, 32, 1, 4, 3), _hy_file("3.0")),
+           "3.0 decode 2x32x1x2x2": Case("decode", (2, 32, 1, 2, 2), _hy_file("3.0")),
+           "3.0 encode 64x48": Case("encode", (1, 64, 48, 3), _hy_file("3.0")),
+           "3.0 encode 2x40x50 (centre-cropped)": Case("encode", (2, 40, 50, 3), _hy_file("3.0"))},
+    seed=SEED + 1, io=SOCKET, core_files=_hy_files, workers={"files": _hy_files}, core_build=_hy_core_build,
+    load=pack_load, case_rows=_hy_case, relative_encode=True, dry=_hy_dry)
+
+
+# the families by the name of --family
+FAMILIES = {"cogvideox": COGVIDEOX, "cosmos": COSMOS, "hunyuan_image": HUNYUAN_IMAGE_FAMILY, "seedvr2": SEEDVR2_FAMILY,
+            "stage_a": STAGE_A, "svd": SVD_FAMILY, "taehv": TAEHV_FAMILY}

@@ -1,0 +1,47 @@
+"""bench/comfyui_checks/compare_core.py without ComfyUI core: every family declared with a documented
+doc and a dry build, ours loading a family's file at a tiny size, and --check's verdict on parity rows."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import ROOT
+
+SCRIPT = ROOT / "bench" / "comfyui_checks" / "compare_core.py"
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "comfyui_checks")]
+from core_families import FAMILIES  # noqa: E402
+from harness import comfy_core  # noqa: E402
+
+
+def test_every_family_declares_its_cases_doc_and_dry_build():
+    for name, fam in FAMILIES.items():
+        assert fam.doc.strip() and fam.dry, name
+        assert fam.cases or fam.main, name
+        assert all(c.op in ("decode", "encode") for c in (fam.cases.values() if isinstance(fam.cases, dict) else ()))
+
+
+def test_list_names_every_family():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--list"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert all(f"{name}: " in out.stdout for name in FAMILIES)
+
+
+@pytest.mark.parametrize("family", ["stage_a", "seedvr2"])
+def test_dry_builds_ours_on_the_family_file(family):
+    out = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--family", family], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(f"{family}: ours ") and "decode" in out.stdout and "encode" in out.stdout
+
+
+def test_check_fails_only_parity_rows_over_the_tolerance(capsys):
+    table = comfy_core.Table(tol=1e-4, relative_encode=True)
+    x = torch.zeros(1, 3, 4, 4)
+    table.add("same", x, x)
+    table.add("off, not parity", x, x + 1, parity=False)
+    table.add("off", x, x + 1e-3)
+    table.add("encode, small relative", x + 100, x + 100.005, kind="encode")
+    assert comfy_core.failed(table.rows, 1e-4, relative_encode=True) == ["off"]
+    assert comfy_core.failed(table.rows, 1e-4) == ["off", "encode, small relative"]
+    assert "FAIL" in capsys.readouterr().out
