@@ -37,6 +37,7 @@ class Family:
     diffusers_call: Optional[Callable] = None  # (model, op) -> the reference's call, where it is not the common one
     ours_setup: Optional[Callable] = None    # handle -> None: what the comparison with diffusers needs
     runs: dict = dataclasses.field(default_factory=dict)   # run name -> (args, folder) -> (model, call): its own
+    core_patches: dict = dataclasses.field(default_factory=dict)  # core run name -> args -> None: core changed first
 
 
 def _save(sd: dict, path: Path) -> None:
@@ -159,15 +160,13 @@ def _minimax_ours(tiling: str):
     return build
 
 
-def _minimax_core_newer(a, folder: Path):
+def _minimax_core_newer(a) -> None:
     """Core with core 0.38.1's tiled decode (``blend``) grafted from ``--newer-tiled-decode``."""
     from harness import comfy_core
     comfy_core.start(a.comfyui)
     import comfy.ldm.minimax.vae as mm
     from comfyui_checks.compare_core_minimax import newer_tiled_decode
     newer_tiled_decode(mm, a.newer_tiled_decode)
-    from .runs import core_call
-    return core_call(a, folder)
 
 
 def _seedvr2_writer(folder: Path) -> None:
@@ -285,8 +284,8 @@ FAMILIES = {
     "magvit": Family("EasyAnimate Magvit", 16, 8, 4, diffusers="AutoencoderKLMagvit", size="64x64x29"),
     "minimax": Family("MiniMax H3 (fp16 file, fp32 compute)", 24, 16, 17, file="minimax_h3_video_vae_fp16.safetensors",
                       writer=_minimax_writer, latent_frames=lambda t: (t - 5) // 17 * 5 + 2, size="512x512x22",
-                      runs={"default": _minimax_ours("blend"), "stitch": _minimax_ours("stitch"),
-                            "core_newer": _minimax_core_newer}),
+                      runs={"default": _minimax_ours("blend"), "stitch": _minimax_ours("stitch")},
+                      core_patches={"core_newer": _minimax_core_newer}),
     "seedvr2": Family("SeedVR2 VAE", 16, 8, 4, file="seedvr2_ema_vae.safetensors", writer=_seedvr2_writer,
                       tile=128, core_tiled=(512, 128, 64, 8), size="256x256x17"),
     "svd": Family("SVD (svd_xt) VAE", 4, 8, 1, file="svd_xt_vae.safetensors", writer=_svd_writer, tile=96,

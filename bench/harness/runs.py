@@ -10,7 +10,7 @@ in ``a.info``), ``posterior`` (encode) mean and log-variance, ``compiled`` Compi
 tiles after one warm-up call, ``stitch`` the model's own tiles stitched. References: ``diffusers`` (its
 tiling and frame-wise switches off), ``diffusers_tiled`` (enable_tiling; ``--diffusers-tile``), ``core``
 (comfy.sd.VAE), ``core_tiled`` (VAE Decode / Encode (Tiled)), ``core_sdpa`` (core with PyTorch attention).
-A family adds its own (``Family.runs``)."""
+A family adds its own (``Family.runs``, ``Family.core_patches``)."""
 from __future__ import annotations
 
 import time
@@ -108,7 +108,7 @@ def diffusers(a, folder: Path, shape):
     return model, lambda x: model.encode(x * 2 - 1).latent_dist.mean
 
 
-def core_call(a, folder: Path, shape=None):
+def core_call(a, folder: Path):
     """comfy.sd.VAE on our file: its IMAGE [.., H, W, 3] back to our layout, clamped as we clamp."""
     from safetensors.torch import load_file
     from . import comfy_core
@@ -138,11 +138,13 @@ def core_call(a, folder: Path, shape=None):
 
 def build(a, folder: Path, shape):
     """The run's (model, call); ``a.run`` is its name without the parameter."""
-    own = FAMILIES[a.family].runs.get(a.run)
-    if own:
-        return own(a, folder)
+    family = FAMILIES[a.family]
+    if a.run in family.runs:
+        return family.runs[a.run](a, folder)
     if a.run.startswith("diffusers"):
         return diffusers(a, folder, shape)
     if a.run.startswith("core"):
+        if a.run in family.core_patches:
+            family.core_patches[a.run](a)
         return core_call(a, folder)
     return ours(a, folder, shape)
