@@ -97,6 +97,7 @@ def table(a, family_name: str, size: str, folder: Path) -> list[dict]:
     dims = shape(family, a.op, size)
     source = folder / f"{a.op}_{size}.npy"
     write_input(family, a.op, size, source)
+    write_weights(family, folder)          # here, so that a table of core runs alone finds its file
     fixed = 0.0
     if a.predict:
         from vae.engine import memory
@@ -165,7 +166,7 @@ def main(argv=None, op: str = "decode", predict: bool = False) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", default="kl", help=f"comma list of {', '.join(FAMILIES)}")
     p.add_argument("--size", help="HxWxT pixels and frames, comma list (default: the family's)")
-    p.add_argument("--kinds", default="one_pass,default,fast,exact,diffusers",
+    p.add_argument("--kinds", default="one_pass,exact" if predict else "one_pass,default,fast,exact,diffusers",
                    help="runs, comma list (bench/harness/runs.py); NAME@P gives a run its parameter")
     p.add_argument("--tile", help="our tile in pixels, TILE or TILE/OVERLAP (default: the family's)")
     p.add_argument("--budget", default="4", help="GB for the budget runs that name none")

@@ -267,7 +267,7 @@ FAMILIES = {
                      file="qwen_image_2.1_vae.safetensors", layout=_to_original(True), diffusers_call=_qwen21_call,
                      tile=512, size="1024x1024x1"),
     "wan": Family("Wan 2.1", 16, 8, 4, diffusers="AutoencoderKLWan", file="wan_2.1_vae.safetensors",
-                  layout=_to_original(False), tile=128, size="128x192x33", plan_size="720x1280x81"),
+                  layout=_to_original(False), tile=128, size="128x192x33", plan_size="720x1280x81,1080x1920x241"),
     "hunyuan_video": Family("HunyuanVideo", 16, 8, 4, diffusers="AutoencoderKLHunyuanVideo", file="hv.safetensors",
                             layout=_same, tile=64, size="128x128x9"),
     "hunyuan_video15": Family("HunyuanVideo 1.5", 32, 16, 4, diffusers="AutoencoderKLHunyuanVideo15", tile=128,

@@ -21,10 +21,12 @@ from .families import FAMILIES, write_weights
 GIB = 1 << 30
 
 
-def tile_of(a) -> tuple[int, int]:
-    """The run's tile and overlap in pixels: ``512/64``, ``512`` (a quarter overlap), or the family's."""
+def tile_of(a):
+    """The run's tile (one side, or HxW) and overlap in pixels: ``512/64``, ``256x192``, ``512`` (a quarter
+    overlap), or the family's."""
     tile, _, overlap = (a.param or a.tile or str(FAMILIES[a.family].tile)).partition("/")
-    return int(tile), int(overlap) if overlap else int(tile) // 4
+    sides = tuple(map(int, tile.split("x")))
+    return (sides if len(sides) > 1 else sides[0]), int(overlap) if overlap else min(sides) // 4
 
 
 def _ours_options(v, a, shape) -> dict:
