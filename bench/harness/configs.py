@@ -5,7 +5,7 @@ bare GPU machine.
 ``TEST`` holds each family at the tiny configuration its tests use (the state dicts of
 tests/video_families.py and the family tests, read back by our loader: tests/bench/test_gpu_check.py
 checks that they agree); ``PUBLISHED`` the published configs the GPU check decodes (Wan 2.1 =
-diffusers' ``AutoencoderKLWan()``, an SDXL-shape ``AutoencoderKL``: bench/bench_decode.py's KL_SHAPE).
+diffusers' ``AutoencoderKLWan()``, an SDXL-shape ``AutoencoderKL``: bench/harness/families.py's KL_SHAPE).
 
 ``build`` makes the model on the target device (``torch.device`` as the default device while the modules
 are built), so a published model's weights are drawn there, never first on the CPU, under a fixed seed."""

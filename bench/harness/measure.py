@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import json
 import resource
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -125,14 +124,6 @@ def _trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-def run_child(cmd: list[str], env: dict) -> bool:
-    """Run one worker process; on failure print its last error line."""
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        print(f"    FAILED ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", flush=True)
-    return proc.returncode == 0
 
 
 def measure(fn, x, model, repeat: int, out_stem: Path) -> None:

@@ -91,22 +91,3 @@ def core_flags(p: argparse.ArgumentParser, comfyui_help: str = "ComfyUI source d
     """``--comfyui`` and ``--comfy-python``: where ComfyUI core is, for the ``core*`` runs."""
     p.add_argument("--comfyui", help=comfyui_help)
     p.add_argument("--comfy-python", help="ComfyUI's python (its venv)")
-
-
-def run_flags(p: argparse.ArgumentParser, runs, tile: int, tile_help: str) -> None:
-    """The flags that follow a script's input size: ``--tile`` (default ``tile``, ``tile_help``), ``--runs``
-    (default: every name in ``runs``), ``--threads``, ``core_flags`` and the hidden ``--worker`` / ``--tmp``."""
-    p.add_argument("--tile", type=int, default=tile, help=tile_help)
-    p.add_argument("--runs", default=",".join(runs))
-    p.add_argument("--threads", type=int, default=2)
-    core_flags(p)
-    worker_flags(p, tmp=str)
-
-
-def parse_runs(p: argparse.ArgumentParser, worker):
-    """Parse ``run_flags``. In a worker: run ``worker(args)`` and return (None, []). Else the arguments and
-    the runs of ``--runs`` to start (the ``core*`` ones only where ``--comfyui`` is given)."""
-    a = p.parse_args()
-    if a.worker:
-        return worker(a), []
-    return a, [r for r in a.runs.split(",") if a.comfyui or not r.startswith("core")]

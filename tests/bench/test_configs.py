@@ -49,9 +49,9 @@ def test_published_configs_are_diffusers_defaults():
     """Read from the shapes of diffusers' published models (built on the meta device: shapes only)."""
     diffusers = pytest.importorskip("diffusers")
     from vae import registry
-    from bench_decode import KL_SHAPE
-    with torch.device("meta"):
-        refs = {"wan": diffusers.AutoencoderKLWan(), "kl": diffusers.AutoencoderKL(**KL_SHAPE)}
+    from harness.families import FAMILIES
+    with torch.device("meta"):       # the benchmarks' declarations of the same published models
+        refs = {name: getattr(diffusers, FAMILIES[name].diffusers)(**FAMILIES[name].kwargs) for name in configs.PUBLISHED}
     for name, ref in refs.items():
         sd = ref.state_dict()
         spec = registry.detect(sd)

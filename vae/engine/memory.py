@@ -10,7 +10,7 @@ output) are reported to the tracker (``offloaded``) and counted apart from the c
 The real peak exceeds the live bytes by what the tensor library keeps besides: a share that grows with
 the tensors (allocator rounding, convolution workspaces) and a fixed part (thread pools, the allocator's
 arenas). ``CALIBRATION`` per device type is that affine fit, from measurements against these
-predictions (CPU: ``bench/bench_budget.py``; CUDA: ``bench/gpu_check.py --calibrate``), with where it
+predictions (CPU: ``bench/run.py budget``; CUDA: ``bench/gpu_check.py --calibrate``), with where it
 came from and whether it was measured at all. One workspace no fit over the live bytes covers: on the
 CPU every convolution reorders its weight into oneDNN's blocked layout (HunyuanVideo 1.5's 1024 -> 8192
 channel up-sampler: 906 MiB a call, measured by peak RSS per op), and one whose input is not
@@ -54,7 +54,7 @@ class Calibration:
 CALIBRATION = {
     "cpu": Calibration(1.07, 420 << 20, True, "peak RSS over the RSS after load and a malloc_trim, Wan 2.1 "
                        "published config at 512x768: 160 px exact tiles (live 435 MiB, 885 MiB measured less "
-                       "maps and output) to one pass (live 7362 MiB, 8311 MiB), bench/bench_budget.py, "
+                       "maps and output) to one pass (live 7362 MiB, 8311 MiB), bench/run.py budget, "
                        "2026-11-27; the smallest tiles measured (80 px, live 121 MiB) stay within it"),
     "cuda": Calibration(1.5, 512 << 20, False, "not yet measured on a GPU: a conservative default (above the "
                         "CPU's fit); bench/gpu_check.py --calibrate measures it"),

@@ -1,10 +1,10 @@
 """The latent cache's throughput on CPU beside musubi-tuner's own cache script, same clips, same VAE file,
 one run; and the two caches compared file by file.
 
-    python bench/bench_cache.py --musubi PATH/TO/musubi-tuner --musubi-python PATH/TO/venv/bin/python
-    python bench/bench_cache.py --clips 4 --frames 17 --size 256x256 --runs ours      # ours alone
+    python3 bench/run.py cache --musubi PATH/TO/musubi-tuner --musubi-python PATH/TO/venv/bin/python
+    python3 bench/run.py cache --clips 4 --frames 17 --size 256x256 --runs ours      # ours alone
 
-Weights: Wan 2.1 at its published config with random weights (bench_wan.write_weights: diffusers'
+Weights: Wan 2.1 at its published config with random weights (bench/harness/families.py: diffusers'
 ``AutoencoderKLWan()`` under a fixed seed, written in Wan's original layout, the file ComfyUI and
 musubi-tuner read). Clips: ``--clips`` mp4 files of ``--frames`` frames at exactly ``--size`` (so that
 neither cache resizes: both encode the same pixels), made with PyAV (bench/harness/clips.py).
@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from bench.harness.clips import pan, photos, write_video  # noqa: E402
-from bench_wan import write_weights  # noqa: E402
+from harness.clips import pan, photos, write_video  # noqa: E402
+from harness.families import FAMILIES, write_weights  # noqa: E402
 
 
 def timed(cmd: list, cwd: Path, env=None) -> tuple[float, float, str]:
@@ -49,7 +49,7 @@ def timed(cmd: list, cwd: Path, env=None) -> tuple[float, float, str]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), r.stdout
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clips", type=int, default=4)
     p.add_argument("--frames", type=int, default=17)
@@ -58,19 +58,17 @@ def main() -> None:
     p.add_argument("--musubi-python", default=sys.executable, help="a Python with musubi-tuner's dependencies")
     p.add_argument("--runs", default="ours,musubi")
     p.add_argument("--tmp", help="work folder (default: a temporary one)")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     w, h = (int(n) for n in a.size.split("x"))
     tmp = Path(a.tmp or tempfile.mkdtemp(prefix="bench_cache_"))
     clips = tmp / "clips"
     clips.mkdir(parents=True, exist_ok=True)
-    if not (tmp / "wan_2.1_vae.safetensors").exists():
-        write_weights(tmp)
+    weights = write_weights(FAMILIES["wan"], tmp)
     ph = photos()
     for i in range(a.clips):
         if not (clips / f"clip{i}.mp4").exists():
             write_video(clips / f"clip{i}.mp4", pan(ph[i % len(ph)], a.frames, (w, h)), fps=16)
         (clips / f"clip{i}.txt").write_text("a photo, panned")          # musubi-tuner reads a caption per video
-    weights = tmp / "wan_2.1_vae.safetensors"
     runs = a.runs.split(",")
     print(f"{a.clips} clips of {a.frames} frames at {w}x{h}, Wan 2.1 (published config, random weights), CPU float32")
     results = {}

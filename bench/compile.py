@@ -1,8 +1,8 @@
 """Compile benchmark: eager vs torch.compile'd decode of an SD-shape AutoencoderKL, in one run.
 
-    python bench/bench_compile.py                  # 512x512 on CUDA if present, else CPU; inductor
-    python bench/bench_compile.py --quick          # 128x128, 1 timed call (smoke run)
-    python bench/bench_compile.py --tile 256 --overlap 32 --dtype bf16 --mode max-autotune-no-cudagraphs
+    python3 bench/run.py compile                  # 512x512 on CUDA if present, else CPU; inductor
+    python3 bench/run.py compile --quick          # 128x128, 1 timed call (smoke run)
+    python3 bench/run.py compile --tile 256 --overlap 32 --dtype bf16 --mode max-autotune-no-cudagraphs
 
 Our AutoencoderKL at the SD shape (128/256/512/512, 2 res blocks per level, 4 latent channels) with
 random weights under a fixed seed; the latent is randn(1, 4, size/8, size/8). Rows, all through
@@ -30,13 +30,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
-from vae.archs import kl                      # noqa: E402
+from harness import configs                   # noqa: E402
 from vae.compile import MODES, compile_vae    # noqa: E402
-from vae.handle import VAE                    # noqa: E402
-
-SD_SHAPE = kl.KLConfig(ch=128, ch_mult=(1, 2, 4, 4), num_res_blocks=2, z_channels=4, embed_dim=4)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -58,8 +56,7 @@ def run(args) -> None:
     dtype = DTYPES[args.dtype]
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    eager = VAE(kl.SPEC, SD_SHAPE, kl.AutoencoderKL(SD_SHAPE).eval(), dtype=dtype, device=device)
+    eager = configs.build(configs.PUBLISHED["kl"], device, dtype)
     compiled, report = compile_vae(eager, encoder=False, backend=args.backend, mode=args.mode, dynamic=args.dynamic)
     if args.tile:                                  # the same fixed-size tiles, eager
         eager, _ = compile_vae(eager, encoder=False, decoder=False)
@@ -101,7 +98,7 @@ def run(args) -> None:
         print("  ".join((f"{c:.2f}" if isinstance(c, float) else str(c)).ljust(w) for c, w in zip(r, widths)))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=512, help="image side in pixels (multiple of 8)")
     p.add_argument("--second", type=int, default=None, help="side of the second resolution (0: none)")
@@ -115,7 +112,7 @@ def main() -> None:
     p.add_argument("--dynamic", default="auto", choices=["auto", "true", "false"])
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
     p.add_argument("--quick", action="store_true", help="smoke run: --size 128 --repeat 1")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.quick:
         args.size, args.repeat = 128, 1
     if args.second is None:

@@ -1,12 +1,12 @@
 """Exact decode across 1, 2 and 3 ranks on this CPU (torch.distributed, gloo): per-rank time and
 working set against the one-process exact run, and the error against one untiled pass.
 
-    python bench/bench_distributed.py                          # SD-shape KL at 1024 px, Wan 2.1 33 frames
-    python bench/bench_distributed.py --only kl --size 512 --tile 256
+    python3 bench/run.py distributed                          # SD-shape KL at 1024 px, Wan 2.1 33 frames
+    python3 bench/run.py distributed --only kl --size 512 --tile 256
 
 Random weights at the published configs (SD's VAE as diffusers' AutoencoderKL; AutoencoderKLWan()),
 saved once to a temporary file that every process loads. One process per rank (file rendezvous),
-each measured as bench_decode.py measures: weights paged in, the peak-RSS mark reset, then the call;
+each measured as bench/harness/measure.py measures: weights paged in, the peak-RSS mark reset, then the call;
 working set = VmHWM after the call - RSS after load, per rank. `ranks 1` is the one-process exact run (no
 group). 2 cores are shared by all ranks here, so wall time cannot show a speed-up (a GPU per rank
 would); CPU seconds per rank show how the work is split.
@@ -22,22 +22,20 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+
+from harness.families import FAMILIES, shape, write_weights  # noqa: E402
 
 
 def _case(name: str, size: int, frames: int):
-    """(model file writer, input, call options) for a case."""
+    """(input, call options) for a case: SD's KL at size x size, Wan at size x 1.5 size, each tile of Wan
+    streamed one latent frame at a time."""
     import torch
-    g = torch.Generator().manual_seed(0)
-    if name == "kl":                 # SD's VAE (diffusers' AutoencoderKL() defaults are a 1-level toy)
-        z = torch.randn(1, 4, size // 8, size // 8, generator=g)
-        return "AutoencoderKL", z, {}, dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-                                            down_block_types=("DownEncoderBlock2D",) * 4,
-                                            up_block_types=("UpDecoderBlock2D",) * 4)
-    z = torch.randn(1, 16, 1 + (frames - 1) // 4, size // 8, size * 3 // 2 // 8, generator=g)
-    return "AutoencoderKLWan", z, {"tile_frames": 4}, {}      # each tile streamed one latent frame at a time
+    family = FAMILIES[name]
+    z = torch.randn(*shape(family, "decode", f"{size}x{size * 3 // 2 if family.temporal else size}x{frames}"),
+                    generator=torch.Generator().manual_seed(0))
+    return z, ({"tile_frames": family.temporal} if family.temporal else {})
 
 
 def worker(a) -> None:
@@ -83,7 +81,7 @@ def worker(a) -> None:
         dist.destroy_process_group()
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help="kl or wan")
     p.add_argument("--size", type=int, help="image height in px (kl: 1024; wan: 128, width 1.5x)")
@@ -95,10 +93,9 @@ def main() -> None:
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if a.worker:
         return worker(a)
-    import diffusers
     import numpy as np
     import torch
     from safetensors.torch import save_file
@@ -112,20 +109,18 @@ def main() -> None:
         for name in cases:
             size = a.size or (1024 if name == "kl" else 128)
             tile = a.tile or (256 if name == "kl" else 64)
-            cls, z, opts, config = _case(name, size, a.frames)
-            torch.manual_seed(0)
-            save_file({k: t.contiguous() for k, t in getattr(diffusers, cls)(**config).state_dict().items()},
-                      str(d / f"{name}.safetensors"))
+            z, opts = _case(name, size, a.frames)
+            weights = write_weights(FAMILIES[name], d)
             save_file({"x": z}, str(d / f"{name}.in.safetensors"))
             with torch.inference_mode():
-                want = vae.load(d / f"{name}.safetensors").decode(z, **opts).numpy()      # one untiled pass
+                want = vae.load(weights).decode(z, **opts).numpy()      # one untiled pass
             label = f"{name} {'x'.join(map(str, z.shape[2:]))} latent, tile {tile}"
             opts = {**opts, "tile": tile, "mode": "exact"}
             base = None
             for world in map(int, a.ranks.split(",")):
                 init = f"file://{d / f'rdv_{name}_{world}'}"
                 procs = [subprocess.Popen([sys.executable, __file__, "--worker", "1", "--weights",
-                                           str(d / f"{name}.safetensors"), "--input", str(d / f"{name}.in.safetensors"),
+                                           str(weights), "--input", str(d / f"{name}.in.safetensors"),
                                            "--opts", json.dumps(opts), "--init", init, "--rank", str(r), "--world",
                                            str(world), "--threads", str(max(1, 2 // world)),
                                            "--out", str(d / f"{name}_{world}_{r}")],
