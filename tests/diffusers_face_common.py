@@ -9,12 +9,38 @@ import torch
 from safetensors.torch import save_file
 
 import vae
+from ltx_common import randomize
 from vae.engine import budget as planner
 
 TOL = 1e-4
 # what the classes set on themselves that pipelines read
 ATTRIBUTES = ("z_dim", "temperal_downsample", "spatial_compression_ratio", "temporal_compression_ratio",
               "spatial_scale_factor", "latent_magnitude", "latent_shift")
+
+LTX_LATENT = 8
+_LTX_DEC_091 = dict(decoder_spatio_temporal_scaling=(True,) * 3, upsample_residual=(True,) * 3,
+                    upsample_factor=(2, 2, 2), timestep_conditioning=True)
+# each version's structure, narrow (tests/vae/test_ltx.py)
+LTX = {
+    "0.9.0": dict(block_out_channels=(8, 16, 32, 32), decoder_block_out_channels=(8, 16, 32, 32),
+                  layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 5),
+    "0.9.1": dict(block_out_channels=(8, 16, 32, 32), layers_per_block=(1,) * 5,
+                  decoder_block_out_channels=(16, 32, 64), decoder_layers_per_block=(1, 1, 1, 2),
+                  decoder_inject_noise=(True, True, True, False), **_LTX_DEC_091),
+    "0.9.5": dict(block_out_channels=(8, 16, 32, 64, 128), down_block_types=("LTXVideo095DownBlock3D",) * 4,
+                  layers_per_block=(1,) * 5, spatio_temporal_scaling=(True,) * 4,
+                  downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+                  decoder_block_out_channels=(16, 32, 64), decoder_layers_per_block=(1, 1, 1, 2),
+                  decoder_inject_noise=(False,) * 4, spatial_compression_ratio=32, temporal_compression_ratio=8,
+                  **_LTX_DEC_091),
+}
+
+
+def ltx_reference(version: str):
+    """diffusers' LTX-Video VAE of ``version``'s structure, statistics and noise scales random."""
+    torch.manual_seed(0)
+    from diffusers import AutoencoderKLLTXVideo     # a test dependency: imported where a test needs it
+    return randomize(AutoencoderKLLTXVideo(latent_channels=LTX_LATENT, **LTX[version]), LTX_LATENT)
 
 
 def save(ref, how: str, tmp_path):

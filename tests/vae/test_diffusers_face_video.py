@@ -7,39 +7,13 @@ import pytest
 import torch
 
 import vae
-from diffusers_face_common import (assert_budget_gives_one_pass, assert_decode_equal, assert_posterior_equal,
-                                   config_differences, pixels, save)
-from ltx_common import randomize
+from diffusers_face_common import (LTX, LTX_LATENT, assert_budget_gives_one_pass, assert_decode_equal,
+                                   assert_posterior_equal, config_differences, ltx_reference, pixels, save)
 from vae.archs import ltx
 from vae.errors import InputError
 
 diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-LTX_LATENT = 8
-_LTX_DEC_091 = dict(decoder_spatio_temporal_scaling=(True,) * 3, upsample_residual=(True,) * 3,
-                    upsample_factor=(2, 2, 2), timestep_conditioning=True)
-# each version's structure, narrow (tests/vae/test_ltx.py)
-LTX = {
-    "0.9.0": dict(block_out_channels=(8, 16, 32, 32), decoder_block_out_channels=(8, 16, 32, 32),
-                  layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 5),
-    "0.9.1": dict(block_out_channels=(8, 16, 32, 32), layers_per_block=(1,) * 5,
-                  decoder_block_out_channels=(16, 32, 64), decoder_layers_per_block=(1, 1, 1, 2),
-                  decoder_inject_noise=(True, True, True, False), **_LTX_DEC_091),
-    "0.9.5": dict(block_out_channels=(8, 16, 32, 64, 128), down_block_types=("LTXVideo095DownBlock3D",) * 4,
-                  layers_per_block=(1,) * 5, spatio_temporal_scaling=(True,) * 4,
-                  downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
-                  decoder_block_out_channels=(16, 32, 64), decoder_layers_per_block=(1, 1, 1, 2),
-                  decoder_inject_noise=(False,) * 4, spatial_compression_ratio=32, temporal_compression_ratio=8,
-                  **_LTX_DEC_091),
-}
-
-
-def ltx_reference(version: str):
-    """diffusers' LTX-Video VAE of ``version``'s structure, statistics and noise scales random."""
-    torch.manual_seed(0)
-    return randomize(diffusers.AutoencoderKLLTXVideo(latent_channels=LTX_LATENT, **LTX[version]), LTX_LATENT)
-
 
 def _temb(ref, batch: int):
     """The decode timestep a pipeline passes (one per item), None where the decoder takes none."""
