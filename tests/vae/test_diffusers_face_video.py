@@ -9,6 +9,7 @@ import torch
 import vae
 from diffusers_face_common import (LTX, LTX_LATENT, assert_budget_gives_one_pass, assert_decode_equal,
                                    assert_posterior_equal, config_differences, ltx_reference, pixels, save)
+from video_families import tiny_reference
 from vae.archs import ltx
 from vae.errors import InputError
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _temb(ref, batch: int):
     """The decode timestep a pipeline passes (one per item), None where the decoder takes none."""
-    return (torch.full((batch,), 0.05),) if ref.config.timestep_conditioning else ()
+    return (torch.full((batch,), 0.05),) if ref.config.get("timestep_conditioning") else ()
 
 
 def _seeded(ref):
@@ -27,16 +28,22 @@ def _seeded(ref):
     return ref
 
 
-# name -> (diffusers model, how the face is loaded: a file name or "folder", pixels, latent)
+# name -> (diffusers model, how the face is loaded: a file name or "folder", pixels, latent, the pixels the budget
+# test encodes: large enough that a plan below one pass exists beside the planner's fixed share)
 CASES = {
     f"ltx-{v}": (lambda v=v: ltx_reference(v), "folder" if v == "0.9.5" else f"ltx-video-{v}_vae.safetensors",
-                 (2, 3, 9, 32, 64), (2, LTX_LATENT, 2, 2, 3)) for v in LTX
+                 (2, 3, 9, 32, 64), (2, LTX_LATENT, 2, 2, 3), (1, 3, 17, 256, 512)) for v in LTX
+} | {
+    "hunyuan_video": (lambda: tiny_reference("hunyuan_video"), "hunyuan_video_vae_bf16.safetensors",
+                      (1, 3, 5, 16, 24), (1, 16, 2, 2, 3), None),
+    "hunyuan_video15": (lambda: tiny_reference("hunyuan_video15"), "folder", (1, 3, 5, 32, 32), (1, 32, 2, 2, 2),
+                        (1, 3, 9, 128, 128)),
 }
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
-    make, how, px, lat = CASES[request.param]
+    make, how, px, lat, _ = CASES[request.param]
     ref = make().eval()
     return request.param, ref, save(ref, how, tmp_path_factory.mktemp(request.param)), px, lat
 
@@ -60,16 +67,16 @@ def test_config_has_the_class_keys_and_values(case):
 
 @pytest.mark.parametrize("op", ["decode", "encode"])
 def test_a_budget_below_one_pass_gives_one_pass(case, op, caplog):
-    """Frames 4x (decode) and 8x (encode: the planner's fixed share dwarfs a narrow encoder's working set
-    below that) the case's, 17 frames to encode."""
+    """A latent 4x the case's to decode; the case's own pixels to encode."""
     name, ref, path, px, lat = case
-    if op == "decode":
-        shape = tuple(lat[:-2]) + (lat[-2] * 4, lat[-1] * 4)
-    else:
-        shape = (1, px[1], 17, px[-2] * 8, px[-1] * 8)
+    h = vae.diffusers.load(path).handle
+    if h.caps.norm.startswith("groupnorm"):
+        pytest.skip("tiles that share GroupNorm statistics all stay alive on the CPU (paused ones wait in host "
+                    "memory): a budget saves memory on a GPU only (tests/vae/test_budget.py)")
+    shape = tuple(lat[:-2]) + (lat[-2] * 4, lat[-1] * 4) if op == "decode" else CASES[name][-1]
     x = pixels(shape) if op == "encode" else torch.randn(shape)
-    ratio = vae.diffusers.load(path).handle.caps.spatial_ratio
-    assert_budget_gives_one_pass(path, op, x, 2 * ratio, caplog, *(_temb(ref, shape[0]) if op == "decode" else ()))
+    tile = max(2 * h.caps.spatial_ratio, 64)        # the tiling engine's smallest tile
+    assert_budget_gives_one_pass(path, op, x, tile, caplog, *(_temb(ref, shape[0]) if op == "decode" else ()))
 
 
 def test_ltx_decode_timestep_per_item_and_refusals(tmp_path):
