@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 import vae
 from diffusers_face_common import LTX_LATENT, ltx_reference
 from helpers import diffusers_kl
+from video_families import tiny_reference
 
 diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -225,4 +226,21 @@ def test_ltx_image_to_video_pipeline(ltx_pair):
                                             torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0))[0])
     _assert_same(*fed)
     a, b = _run_both(make, ref, face, image=image, **LTX_CALL)
+    _assert_same(a, b)
+
+
+def test_hunyuan_video_pipeline(tmp_path):
+    ref = tiny_reference("hunyuan_video")
+    face = vae.diffusers.load(_file(ref, tmp_path / "hunyuan_video_vae_bf16.safetensors"))
+    torch.manual_seed(0)
+    transformer = diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=1, text_embed_dim=16, pooled_projection_dim=8,
+        rope_axes_dim=(2, 2, 4)).eval()
+    make = lambda v: diffusers.HunyuanVideoPipeline(  # noqa: E731
+        text_encoder=None, tokenizer=None, transformer=transformer, vae=v,
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=None, tokenizer_2=None)
+    a, b = _run_both(make, ref, face, prompt_embeds=torch.randn(1, 8, 16), pooled_prompt_embeds=torch.randn(1, 8),
+                     prompt_attention_mask=torch.ones(1, 8), height=16, width=16, num_frames=5,
+                     num_inference_steps=2, guidance_scale=1.0, output_type="pt")
     _assert_same(a, b)
