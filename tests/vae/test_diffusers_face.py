@@ -3,7 +3,6 @@ mean/logvar/std/var/mode/kl/parameters, sample() from the same generator, the co
 same calls within a budget below one pass equal to one pass, and the refusals of what it cannot honour."""
 from __future__ import annotations
 
-import logging
 import sys
 
 import pytest
@@ -11,15 +10,13 @@ import torch
 from safetensors.torch import save_file
 
 import vae
+from diffusers_face_common import (assert_budget_gives_one_pass, assert_decode_equal, assert_posterior_equal, close,
+                                   config_differences, pixels, save)
 from helpers import diffusers_kl, diffusers_tiny
-from vae.engine import budget as planner
 from vae.errors import InputError, LoadError
 
 diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-TOL = 1e-4
-
 
 def _jitter_gammas(m: torch.nn.Module) -> torch.nn.Module:
     """RMS-norm gammas off 1, so parity checks them too."""
@@ -60,55 +57,26 @@ CASES = {
 }
 
 
-def _save(ref, how: str, tmp_path):
-    if how == "folder":
-        ref.save_pretrained(tmp_path / "pipe" / "vae")
-        return tmp_path / "pipe"                      # a pipeline's folder: its vae/ is read
-    path = tmp_path / how
-    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
-    return path
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     make, how, px, lat = CASES[request.param]
     ref = make()
-    return request.param, ref, _save(ref, how, tmp_path_factory.mktemp(request.param)), px, lat
-
-
-def _pixels(shape, seed=0):
-    return torch.rand(shape, generator=torch.Generator().manual_seed(seed)) * 2 - 1
-
-
-def _close(a, b, tol=TOL):
-    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
-    assert (a - b).abs().max() <= tol, (a - b).abs().max()
+    return request.param, ref, save(ref, how, tmp_path_factory.mktemp(request.param)), px, lat
 
 
 def test_decode_and_encode_equal_the_diffusers_class(case):
     name, ref, path, px, lat = case
     face = vae.diffusers.load(path)
     assert face.config["_class_name"] == type(ref).__name__
-    x, z = _pixels(px), torch.randn(lat, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want_img, got_enc = ref.decode(z).sample, ref.encode(x)
-    _close(face.decode(z).sample, want_img)
-    _close(face.decode(z, return_dict=False)[0], want_img)
-    out = face.encode(x)
+    x, z = pixels(px), torch.randn(lat, generator=torch.Generator().manual_seed(1))
+    assert_decode_equal(face, ref, z)
     if name == "tiny":
-        _close(out.latents, got_enc.latents)
-        _close(face.encode(x, return_dict=False)[0], got_enc.latents)
+        with torch.no_grad():
+            want = ref.encode(x).latents
+        close(face.encode(x).latents, want)
+        close(face.encode(x, return_dict=False)[0], want)
         return
-    got, want = out.latent_dist, got_enc.latent_dist
-    for attr in ("mean", "logvar", "std", "var", "parameters"):
-        _close(getattr(got, attr), getattr(want, attr))
-    _close(got.mode(), want.mode())
-    _close(got.kl(), want.kl())
-    _close(got.kl(want), want.kl(got))      # both directions through the other's variance
-    _close(got.sample(torch.Generator().manual_seed(7)), want.sample(torch.Generator().manual_seed(7)))
-    gens = lambda: [torch.Generator().manual_seed(s) for s in range(lat[0])]     # noqa: E731
-    _close(got.sample(gens()), want.sample(gens()))
-    _close(face.encode(x, return_dict=False)[0].mean, want.mean)
+    assert_posterior_equal(face, ref, x)
 
 
 def test_config_has_the_class_keys_and_values(case):
@@ -116,18 +84,11 @@ def test_config_has_the_class_keys_and_values(case):
     the attributes the class sets that pipelines read."""
     name, ref, path, *_ = case
     face = vae.diffusers.load(path)
-    plain = lambda v: [plain(x) for x in v] if isinstance(v, (list, tuple)) else v       # noqa: E731
-    want = {k: plain(v) for k, v in ref.config.items() if not k.startswith("_")}
-    got = {k: plain(face.config[k]) for k in want}
-    differ = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
+    differ = config_differences(face, ref)
     if name == "kl-flux":       # the file names Flux.1: its published latent space (the model kept the class default)
         assert differ.pop("scaling_factor") == (0.3611, 0.18215) and differ.pop("shift_factor") == (0.1159, None)
         assert differ.pop("sample_size") == (1024, 32)
     assert not differ
-    for attr in ("z_dim", "temperal_downsample", "spatial_compression_ratio", "spatial_scale_factor",
-                 "latent_magnitude", "latent_shift"):
-        if hasattr(ref, attr):
-            assert getattr(face, attr) == getattr(ref, attr), attr
     assert face.config.latent_channels if "kl" in name else True
     assert face.dtype == torch.float32 and face.device == torch.device("cpu")
 
@@ -140,30 +101,16 @@ def test_a_budget_below_one_pass_gives_one_pass(case, op, caplog):
     grow = 8 if name == "tiny" else 4          # TAESD's receptive field is wide: tiles save from 256 px on
     base = px if op == "encode" else lat
     shape = tuple(base[:-2]) + (base[-2] * grow, base[-1] * grow)
-    one = vae.diffusers.load(path)
-    if one.handle.caps.norm.startswith("groupnorm"):
+    h = vae.diffusers.load(path).handle
+    if h.caps.norm.startswith("groupnorm"):
         pytest.skip("tiles that share GroupNorm statistics all stay alive on the CPU (paused ones wait in host "
                     "memory): a budget saves memory on a GPU only (tests/vae/test_budget.py)")
     if name == "wan22" and op == "encode":
         pytest.skip("at this size Wan 2.2's 16x tiles with their halo cover the image: no plan below one pass")
-    h, cpu = one.handle, torch.device("cpu")
     side = max(shape[-2:]) * (h.caps.spatial_ratio if op == "decode" else 1)       # pixels
-    need = lambda **kw: planner.on_device(planner.predict(h, h.call_for(op, shape, mode="exact", **kw), cpu, cpu),  # noqa: E731
-                                          cpu, cpu, cpu)
     tile = max(side // 4, 4 * h.caps.spatial_ratio)      # the planner's smallest tiles are 4 latent pixels
-    tiles = need(tile=tile, tile_frames=h.caps.temporal_ratio)     # video: one latent frame a chunk
-    whole = need()
-    assert tiles < whole
-    b = (tiles + whole) // 2
-    small = vae.diffusers.load(path, budget=b)
-    x = _pixels(shape) if op == "encode" else torch.randn(shape)
-    with caplog.at_level(logging.INFO, logger="VAEKit"):
-        got = small.encode(x) if op == "encode" else small.decode(x)
-    assert any("px tiles" in r.message and "exact" in r.message for r in caplog.records)
-    want = one.encode(x) if op == "encode" else one.decode(x)
-    for key in want:
-        a, b = (want[key].parameters, got[key].parameters) if key == "latent_dist" else (want[key], got[key])
-        _close(b, a, 1e-5)
+    x = pixels(shape) if op == "encode" else torch.randn(shape)
+    assert_budget_gives_one_pass(path, op, x, tile, caplog)
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +124,7 @@ def kl_folder(tmp_path_factory):
 def test_refusals_name_what_cannot_be_honoured(kl_folder):
     _, folder = kl_folder
     face = vae.diffusers.load(folder)
-    x = _pixels((1, 3, 16, 16))
+    x = pixels((1, 3, 16, 16))
     with pytest.raises(InputError, match="'tiling'"):
         face.encode(x, tiling=True)
     with pytest.raises(InputError, match="requires gradients"):
@@ -227,7 +174,7 @@ def test_a_module_that_pipelines_move_and_read(kl_folder):
     face.enable_slicing()
     assert face.use_tiling and face.use_slicing and not face.use_framewise_decoding
     assert face.eval() is face and face.requires_grad_(False) is face
-    x = _pixels((1, 3, 16, 16))
+    x = pixels((1, 3, 16, 16))
     mean = face.encode(x).latent_dist.mean
     assert not mean.is_inference() and not mean.requires_grad
     w = torch.ones_like(mean, requires_grad=True)

@@ -9,7 +9,9 @@ import torch
 from safetensors.torch import save_file
 
 import vae
+from diffusers_face_common import LTX_LATENT, ltx_reference
 from helpers import diffusers_kl
+from video_families import tiny_reference
 
 diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -177,3 +179,68 @@ def test_the_swap_on_a_built_pipeline(sdxl):
     pipe.vae = face
     pipe.to(torch.device("cpu"), torch.float32)
     assert pipe.vae is face and pipe.device == torch.device("cpu") and pipe.vae.dtype == torch.float32
+
+
+def _ltx_transformer():
+    torch.manual_seed(0)
+    return diffusers.LTXVideoTransformer3DModel(
+        in_channels=LTX_LATENT, out_channels=LTX_LATENT, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, num_layers=1, caption_channels=16).eval()
+
+
+# 0.9.5's structure: a timestep-conditioned decoder, so the pipeline's decode timestep and noise reach the VAE
+LTX_CALL = dict(prompt_embeds=torch.randn(1, 8, 16), prompt_attention_mask=torch.ones(1, 8), height=64, width=64,
+                num_frames=9, num_inference_steps=2, guidance_scale=1.0, decode_timestep=0.05,
+                decode_noise_scale=0.025, output_type="pt")
+
+
+@pytest.fixture(scope="module")
+def ltx_pair(tmp_path_factory):
+    ref = ltx_reference("0.9.5")
+    return ref, vae.diffusers.load(_file(ref, tmp_path_factory.mktemp("ltx") / "ltx-video-0.9.5_vae.safetensors"))
+
+
+def test_ltx_pipeline(ltx_pair):
+    ref, face = ltx_pair
+    transformer = _ltx_transformer()
+    make = lambda v: diffusers.LTXPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=v,  # noqa: E731
+                                           text_encoder=None, tokenizer=None, transformer=transformer)
+    a, b = _run_both(make, ref, face, **LTX_CALL)
+    _assert_same(a, b)
+
+
+def test_ltx_image_to_video_pipeline(ltx_pair):
+    """The first frame's encode (latent_dist.sample(generator), normalised with the VAE's latents_mean/std)
+    conditions every step: compared where it enters, then the video."""
+    ref, face = ltx_pair
+    transformer = _ltx_transformer()
+    make = lambda v: diffusers.LTXImageToVideoPipeline(  # noqa: E731
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=v, text_encoder=None, tokenizer=None,
+        transformer=transformer)
+    image = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    fed = []
+    for v in (ref, face):
+        pipe = make(v)
+        with torch.no_grad():
+            fed.append(pipe.prepare_latents(pipe.video_processor.preprocess(image, 64, 64), 1, LTX_LATENT, 64, 64, 9,
+                                            torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0))[0])
+    _assert_same(*fed)
+    a, b = _run_both(make, ref, face, image=image, **LTX_CALL)
+    _assert_same(a, b)
+
+
+def test_hunyuan_video_pipeline(tmp_path):
+    ref = tiny_reference("hunyuan_video")
+    face = vae.diffusers.load(_file(ref, tmp_path / "hunyuan_video_vae_bf16.safetensors"))
+    torch.manual_seed(0)
+    transformer = diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=1, text_embed_dim=16, pooled_projection_dim=8,
+        rope_axes_dim=(2, 2, 4)).eval()
+    make = lambda v: diffusers.HunyuanVideoPipeline(  # noqa: E731
+        text_encoder=None, tokenizer=None, transformer=transformer, vae=v,
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=None, tokenizer_2=None)
+    a, b = _run_both(make, ref, face, prompt_embeds=torch.randn(1, 8, 16), pooled_prompt_embeds=torch.randn(1, 8),
+                     prompt_attention_mask=torch.ones(1, 8), height=16, width=16, num_frames=5,
+                     num_inference_steps=2, guidance_scale=1.0, output_type="pt")
+    _assert_same(a, b)

@@ -60,6 +60,9 @@ class Face(torch.nn.Module):
         self.use_framewise_encoding = self.use_framewise_decoding = False
         for name, value in family.attributes(self.config).items():
             setattr(self, name, value)
+        for name, value in family.tensors(handle).items():
+            self.register_buffer(name, value.to(handle.device), persistent=False)
+        family.prepare(handle)
         self.eval()
 
     # ---- what pipelines read ---------------------------------------------------------------------
@@ -129,28 +132,31 @@ class Face(torch.nn.Module):
             result = Output(latents=self._out(out if shift is None else (out - shift) * scale))
         return result if return_dict else result.to_tuple()
 
-    def decode(self, z: torch.Tensor, return_dict: bool = True, generator: Optional[torch.Generator] = None,
-               **unknown):
-        """``generator`` is accepted and unused, as by diffusers' deterministic decoders."""
-        _refuse(unknown, "decode")
+    def decode(self, z: torch.Tensor, *args, **kwargs):
+        """The class's decode: ``decode(z, return_dict=True, generator=None)`` (``generator`` accepted and
+        unused, as by diffusers' deterministic decoders), or the class's own inputs (LTX-Video's ``temb``)."""
+        given = _bind(self._family.decode_args, args, kwargs, "decode")
+        return_dict = given.pop("return_dict", True)
+        given.pop("generator", None)
         _no_gradients(z, "decode")
+        options = self._family.decode_options(self._handle, given)
         shift, scale = self._normalisation(z.dim())
         ours = z if shift is None else z / scale + shift
-        y = self._handle.decode(ours, **self._call("decode", z.shape), clamp=self._family.clamps)
+        y = self._handle.decode(ours, **self._call("decode", z.shape), clamp=self._family.clamps, **options)
         result = Output(sample=self._out(y * 2 - 1))
         return result if return_dict else result.to_tuple()
 
-    def forward(self, sample: torch.Tensor, sample_posterior: bool = False, return_dict: bool = True,
-                generator: Optional[torch.Generator] = None, **unknown):
+    def forward(self, sample: torch.Tensor, *args, **kwargs):
         """Encode then decode, as the classes' ``forward``: the posterior's sample (``sample_posterior``) or mode."""
-        _refuse(unknown, "forward")
+        given = _bind(self._family.forward_args, args, kwargs, "forward")
         if not self._family.posterior:
             raise InputError(f"{self._family.class_name}'s forward stores its latents as 8-bit values between encode "
                              "and decode; the face does not round latents.", input="forward",
                              fix="call encode(x).latents, then decode(...).")
         dist = self.encode(sample).latent_dist
-        z = dist.sample(generator=generator) if sample_posterior else dist.mode()
-        return self.decode(z, return_dict=return_dict)
+        generator = given.pop("generator", None)
+        z = dist.sample(generator=generator) if given.pop("sample_posterior", False) else dist.mode()
+        return self.decode(z, **given)
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _normalisation(self, rank: int) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
@@ -177,6 +183,22 @@ class Face(torch.nn.Module):
         which a trainer's autograd could not save)."""
         t = t.to(self.device, self.dtype)
         return t.clone() if t.is_inference() else t
+
+
+def _bind(names: tuple[str, ...], args: tuple, kwargs: dict, call: str) -> dict:
+    """A call's arguments after its first by name, as the class's signature (``names``) takes them; one it
+    does not take is refused."""
+    if len(args) > len(names):
+        raise InputError(f"{call}() takes at most {len(names) + 1} positional arguments here "
+                         f"(the tensor, {', '.join(names)}), not {len(args) + 1}.", input=call,
+                         fix=f"pass {', '.join(names)} by name.")
+    given = dict(zip(names, args))
+    twice = sorted(set(given) & set(kwargs))
+    if twice:
+        raise InputError(f"{call}() got {', '.join(twice)} both by position and by name.", input=twice[0],
+                         fix="pass each once.")
+    _refuse({k: v for k, v in kwargs.items() if k not in names}, call)
+    return {**given, **kwargs}
 
 
 def _refuse(unknown: dict, call: str) -> None:

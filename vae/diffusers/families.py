@@ -8,8 +8,16 @@ scale`` (numbers or per-channel tuples), or None where our handle already gives 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Union
+
+import torch
+
+from ..archs.ltx import set_decoder_padding
+from ..errors import InputError
+
+log = logging.getLogger("VAEKit")
 
 Number = Union[float, tuple[float, ...]]
 MISSING = object()          # a config value only a diffusers folder's config.json (or ``config=``) can give
@@ -29,6 +37,14 @@ class Family:
     normalise: Callable[[Any], Optional[tuple[Number, Number]]] = lambda handle: None
     attributes: Callable[[Mapping[str, Any]], dict] = lambda config: {}
     derived: Callable[[Mapping[str, Any]], dict] = lambda config: {}    # config keys the class sets from others
+    # the class's decode parameters after ``z``, in order (pipelines pass some by position); besides
+    # ``return_dict`` and ``generator`` (accepted, unused) each is the class's own input, which
+    # ``decode_options(handle, given)`` turns into our handle's decode options, or refuses
+    decode_args: tuple[str, ...] = ("return_dict", "generator")
+    decode_options: Callable[[Any, Mapping[str, Any]], dict] = lambda handle, given: {}
+    forward_args: tuple[str, ...] = ("sample_posterior", "return_dict", "generator")    # forward's, after sample
+    tensors: Callable[[Any], dict] = lambda handle: {}      # buffers the class holds that pipelines read
+    prepare: Callable[[Any], None] = lambda handle: None    # set our model to compute as the class does
 
 
 # ---- AutoencoderKL: SD 1.x/2.x, SDXL, SD3, Flux.1 -------------------------------------------------------
@@ -172,5 +188,200 @@ AUTOENCODER_KL_QWEN_IMAGE = Family(
     serves=lambda cfg: not (cfg.image or cfg.residual or cfg.patch > 1),
     attributes=lambda config: _temporal(config, 2 ** len(config["temperal_downsample"])))
 
+# ---- AutoencoderKLLTXVideo (LTX-Video 0.9.0, 0.9.1, 0.9.5/0.9.7) ----------------------------------------
+# Our block list (vae/archs/ltx_config.py) read back into the class's block parameters: the encoder's down
+# blocks are [resnets][down-sampler][widening resnet], the last resnets its mid block; the decoder's up
+# blocks [widening resnet][up-sampler][resnets] after its mid block, listed finest first as the class does.
+_S2D_TYPES = {(1, 2, 2): "spatial", (2, 1, 1): "temporal", (2, 2, 2): "spatiotemporal"}
+
+
+def _groups(blocks, ends_with_res: bool) -> list[list]:
+    """The blocks cut into the class's blocks: each ends at (``ends_with_res``) or starts with a resnet group."""
+    groups: list[list] = []
+    for b in blocks:
+        if ends_with_res:
+            if not groups or groups[-1][-1].kind == "res":
+                groups.append([])
+            groups[-1].append(b)
+        elif b.kind == "res" or not groups:
+            groups.append([b])
+        else:
+            groups[-1].append(b)
+    return groups
+
+
+def _ltx_encoder(cfg) -> dict:
+    *downs, mid = _groups(cfg.encoder, ends_with_res=False)
+    s2d = any(b.kind == "s2d" for b in cfg.encoder)
+    samplers = [next((b for b in g if b.kind in ("down", "s2d")), None) for g in downs]
+    widths = [g[0].cin for g in downs] + ([mid[0].cin] if s2d else [])
+    return dict(block_out_channels=widths, layers_per_block=[g[0].layers for g in downs + [mid]],
+                down_block_types=["LTXVideo095DownBlock3D" if s2d else "LTXVideoDownBlock3D"] * len(downs),
+                spatio_temporal_scaling=[s is not None for s in samplers],
+                downsample_type=[_S2D_TYPES.get(s.stride, "conv") if s2d and s else "conv" for s in samplers])
+
+
+def _ltx_decoder(cfg) -> dict:
+    mid, *ups = _groups(cfg.decoder, ends_with_res=True)
+    samplers = [next((b for b in g if b.kind == "up"), None) for g in ups]
+    # an up-sampler that narrows its input by f is the class's upsample_factor f: its block width is then f times
+    factors = [s.cin // s.cout if s else 1 for s in samplers]
+    rev = lambda values: list(reversed(values))      # noqa: E731 - the class lists the decoder finest first
+    return dict(decoder_block_out_channels=rev([g[-1].cin * f for g, f in zip(ups, factors)]),
+                decoder_layers_per_block=rev([g[-1].layers for g in [mid] + ups]),
+                decoder_spatio_temporal_scaling=rev([s is not None for s in samplers]),
+                decoder_inject_noise=rev([g[-1].noise for g in [mid] + ups]),
+                upsample_residual=rev([bool(s and s.residual) for s in samplers]), upsample_factor=rev(factors))
+
+
+def _ltx_weights(cfg, caps) -> dict:
+    out = dict(in_channels=cfg.in_channels, out_channels=cfg.out_channels, latent_channels=cfg.latent_channels,
+               patch_size=cfg.patch_size, timestep_conditioning=cfg.timestep_conditioning,
+               decoder_causal=cfg.causal_decoder)
+    if cfg.encoder:
+        out.update(_ltx_encoder(cfg))
+    if cfg.decoder:
+        out.update(_ltx_decoder(cfg))
+    # set in the config only where the class's own count (patch * 2^scalings) is not the model's
+    scalings = sum(out.get("spatio_temporal_scaling") or out.get("decoder_spatio_temporal_scaling") or ())
+    counted = cfg.patch_size * 2 ** scalings, 2 ** scalings
+    ratios = caps.spatial_ratio, caps.temporal_ratio
+    out.update(spatial_compression_ratio=None if counted == ratios else ratios[0],
+               temporal_compression_ratio=None if counted == ratios else ratios[1])
+    return out
+
+
+def _ltx_statistics(handle) -> dict:
+    stats = handle.model.per_channel_statistics
+    return dict(latents_mean=stats.get_buffer("mean-of-means").float().clone(),
+                latents_std=stats.get_buffer("std-of-means").float().clone())
+
+
+def _ltx_normalise(handle) -> tuple[Number, Number]:
+    """Ours is (raw - mean) / std, the class's the raw mean: raw = (ours - (-mean / std)) * std."""
+    stats = _ltx_statistics(handle)
+    mean, std = stats["latents_mean"], stats["latents_std"]
+    return tuple((-mean / std).tolist()), tuple(std.tolist())
+
+
+def _ltx_decode_options(handle, given: Mapping[str, Any]) -> dict:
+    """``temb``: the decode timestep of a timestep-conditioned decoder (one, or one per batch item); the
+    pipeline has mixed its noise into the latent already, so ours mixes none. A decoder without timestep
+    conditioning ignores it, as the class does."""
+    temb = given.get("temb")
+    if not handle.config.timestep_conditioning:
+        return {}
+    if temb is None:
+        raise InputError("this LTX-Video decoder is conditioned on a timestep: decode(z, temb) needs one.",
+                         input="temb", fix="pass the decode timestep, e.g. decode(z, torch.tensor([0.05])), as "
+                                           "LTXPipeline does.")
+    t = torch.as_tensor(temb, dtype=torch.float32).flatten().cpu()
+    return dict(timestep=float(t[0]) if bool((t == t[0]).all()) else t, noise_scale=0.0)
+
+
+def _ltx_prepare(handle) -> None:
+    """The class pads its decoder with zeros (our loader's default for 0.9.x files is ComfyUI's reflect);
+    0.9.1's injected noise comes from a seeded generator here, from the global RNG in the class."""
+    set_decoder_padding(handle.model, "zeros")
+    if handle.config.injects_noise:
+        log.warning("VAEKit: this LTX-Video 0.9.1 decoder injects noise; the face draws it from a generator "
+                    "seeded with 0 (decodes repeat), AutoencoderKLLTXVideo from torch's global RNG.")
+
+
+def _ltx_ratios(config: Mapping[str, Any]) -> dict:
+    """The compression ratios the class sets on itself (pipelines read ``vae.spatial_compression_ratio``)."""
+    scalings = sum(config["spatio_temporal_scaling"])
+    return dict(spatial_compression_ratio=config["spatial_compression_ratio"] or config["patch_size"] * 2 ** scalings,
+                temporal_compression_ratio=config["temporal_compression_ratio"] or config["patch_size_t"] * 2 ** scalings)
+
+
+_LTX_DEFAULTS = dict(
+    in_channels=3, out_channels=3, latent_channels=128, block_out_channels=[128, 256, 512, 512],
+    down_block_types=["LTXVideoDownBlock3D"] * 4, decoder_block_out_channels=[128, 256, 512, 512],
+    layers_per_block=[4, 3, 3, 3, 4], decoder_layers_per_block=[4, 3, 3, 3, 4],
+    spatio_temporal_scaling=[True, True, True, False], decoder_spatio_temporal_scaling=[True, True, True, False],
+    decoder_inject_noise=[False] * 5, downsample_type=["conv"] * 4, upsample_residual=[False] * 4,
+    upsample_factor=[1] * 4, timestep_conditioning=False, patch_size=4, patch_size_t=1, resnet_norm_eps=1e-6,
+    scaling_factor=1.0, encoder_causal=True, decoder_causal=False, spatial_compression_ratio=None,
+    temporal_compression_ratio=None)
+
+AUTOENCODER_KL_LTX_VIDEO = Family(
+    class_name="AutoencoderKLLTXVideo", arch="ltx", defaults=_LTX_DEFAULTS, weights=_ltx_weights,
+    serves=lambda cfg: not cfg.ltx2 and cfg.log_var == "uniform", normalise=_ltx_normalise,
+    attributes=lambda config: _ltx_ratios(config), decode_args=("temb", "return_dict"),
+    forward_args=("temb", "sample_posterior", "return_dict", "generator"), decode_options=_ltx_decode_options,
+    tensors=_ltx_statistics, prepare=_ltx_prepare)
+
+# ---- AutoencoderKLHunyuanVideo (HunyuanVideo 1.0) and AutoencoderKLHunyuanVideo15 -----------------------
+def _ratios_of(caps) -> dict:
+    return dict(spatial_compression_ratio=caps.spatial_ratio, temporal_compression_ratio=caps.temporal_ratio)
+
+
+def _hunyuan_video_weights(cfg, caps) -> dict:
+    n = len(cfg.widths)
+    return dict(in_channels=cfg.in_channels, out_channels=cfg.out_channels, latent_channels=cfg.latent_channels,
+                down_block_types=["HunyuanVideoDownBlock3D"] * n, up_block_types=["HunyuanVideoUpBlock3D"] * n,
+                block_out_channels=list(cfg.widths), layers_per_block=cfg.layers_per_block,
+                mid_block_add_attention=cfg.mid_attention, **_ratios_of(caps))
+
+
+def _ratio_attributes(config: Mapping[str, Any]) -> dict:
+    """The compression ratios the classes set on themselves from their config (pipelines read them)."""
+    return dict(spatial_compression_ratio=config["spatial_compression_ratio"],
+                temporal_compression_ratio=config["temporal_compression_ratio"])
+
+
+AUTOENCODER_KL_HUNYUAN_VIDEO = Family(
+    class_name="AutoencoderKLHunyuanVideo", arch="hunyuan_video",
+    defaults=dict(in_channels=3, out_channels=3, latent_channels=16,
+                  down_block_types=["HunyuanVideoDownBlock3D"] * 4, up_block_types=["HunyuanVideoUpBlock3D"] * 4,
+                  block_out_channels=[128, 256, 512, 512], layers_per_block=2, act_fn="silu", norm_num_groups=32,
+                  scaling_factor=0.476986, spatial_compression_ratio=8, temporal_compression_ratio=4,
+                  mid_block_add_attention=True),
+    weights=_hunyuan_video_weights,
+    attributes=lambda config: {**_ratio_attributes(config), "time_compression_ratio": config["temporal_compression_ratio"]})
+
+
+def _hunyuan_video15_weights(cfg, caps) -> dict:
+    widths = list(cfg.widths)
+    # a resampler "matches channels" where it moves to the next level's width (as published)
+    down = [r.out != w for r, w in zip(cfg.down, widths) if r]
+    up = [r.out != w for r, w in zip(cfg.up, widths) if r]
+    return dict(in_channels=cfg.in_channels, out_channels=cfg.out_channels, latent_channels=cfg.latent_channels,
+                block_out_channels=widths, layers_per_block=cfg.layers_per_block,
+                downsample_match_channel=any(down) if down else True, upsample_match_channel=any(up) if up else True,
+                **_ratios_of(caps))
+
+
+AUTOENCODER_KL_HUNYUAN_VIDEO15 = Family(
+    class_name="AutoencoderKLHunyuanVideo15", arch="hunyuan_video15",
+    defaults=dict(in_channels=3, out_channels=3, latent_channels=32, block_out_channels=[128, 256, 512, 1024, 1024],
+                  layers_per_block=2, spatial_compression_ratio=16, temporal_compression_ratio=4,
+                  downsample_match_channel=True, upsample_match_channel=True, scaling_factor=1.03682),
+    weights=_hunyuan_video15_weights, attributes=_ratio_attributes)
+
+# ---- AutoencoderKLCogVideoX ---------------------------------------------------------------------------
+# (AutoencoderKLMochi is not declared: our Mochi decoder is Genmo's, and diffusers' class departs from it on
+# a clip's first frames (tests/vae/test_mochi.py), so the face could not decode as the class does.)
+def _cogvideox_weights(cfg, caps) -> dict:
+    n = len(cfg.widths)
+    return dict(in_channels=cfg.in_channels, out_channels=cfg.out_channels, latent_channels=cfg.latent_channels,
+                down_block_types=["CogVideoXDownBlock3D"] * n, up_block_types=["CogVideoXUpBlock3D"] * n,
+                block_out_channels=list(cfg.widths), layers_per_block=cfg.layers_per_block,
+                temporal_compression_ratio=caps.temporal_ratio)
+
+
+AUTOENCODER_KL_COGVIDEOX = Family(
+    class_name="AutoencoderKLCogVideoX", arch="cogvideox",
+    defaults=dict(in_channels=3, out_channels=3, down_block_types=["CogVideoXDownBlock3D"] * 4,
+                  up_block_types=["CogVideoXUpBlock3D"] * 4, block_out_channels=[128, 256, 256, 512],
+                  latent_channels=16, layers_per_block=3, act_fn="silu", norm_eps=1e-6, norm_num_groups=32,
+                  temporal_compression_ratio=4, sample_height=480, sample_width=720, scaling_factor=1.15258426,
+                  shift_factor=None, latents_mean=None, latents_std=None, force_upcast=True, use_quant_conv=False,
+                  use_post_quant_conv=False, invert_scale_latents=False),
+    weights=_cogvideox_weights)
+
 # In order: where several serve one file, a folder's config.json or a file-name word chooses, else the first.
-FAMILIES = (AUTOENCODER_KL, AUTOENCODER_TINY, AUTOENCODER_KL_WAN, AUTOENCODER_KL_QWEN_IMAGE)
+FAMILIES = (AUTOENCODER_KL, AUTOENCODER_TINY, AUTOENCODER_KL_WAN, AUTOENCODER_KL_QWEN_IMAGE, AUTOENCODER_KL_LTX_VIDEO,
+            AUTOENCODER_KL_HUNYUAN_VIDEO, AUTOENCODER_KL_HUNYUAN_VIDEO15,
+            AUTOENCODER_KL_COGVIDEOX)
