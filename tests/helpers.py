@@ -107,6 +107,11 @@ def diffusers_qwen21(published: bool = False, **over):
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
     m = diffusers.AutoencoderKLQwenImage21(**({} if published else dict(base_dim=8, decoder_base_dim=12)), **over)
+    return jitter_gammas(m)
+
+
+def jitter_gammas(m: torch.nn.Module) -> torch.nn.Module:
+    """RMS-norm gammas off 1 (a fixed draw), so that parity checks them too; ``m`` in eval mode."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in m.named_parameters():

@@ -573,14 +573,20 @@ def taehv_weights(name: str, **widths) -> dict:
     latent, patch, enc_t, dec_t, _, _ = TAEHV[name]
     cfg = taehv.TAEHVConfig(latent, patch=patch, encoder_time=enc_t, decoder_time=dec_t,
                             act=taehv.LATENT_SPACES[name].act, **widths)
-    model = taehv.TAEHV(cfg)
+    model = taehv_random(taehv.TAEHV(cfg))
+    return {k: v.half().contiguous() for k, v in model.state_dict().items()}
+
+
+def taehv_random(model):
+    """``model``'s weights randn / sqrt(fan-in) under the fixed seed, the head x 0.4 (+ the value range's
+    middle): decoded frames mostly inside the range, as a trained TAEHV's are."""
     g = torch.Generator().manual_seed(SEED)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) / (p[0].numel() if p.dim() > 1 else 10) ** 0.5)
         model.decoder[-1].weight.mul_(0.4)
         model.decoder[-1].bias.add_(sum(model.config.value_range) / 2)
-    return {k: v.half().contiguous() for k, v in model.state_dict().items()}
+    return model
 
 
 def _taehv_files(run) -> dict:

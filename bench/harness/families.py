@@ -181,17 +181,10 @@ def _svd_writer(folder: Path) -> None:
 
 def _taehv_writer(folder: Path) -> None:
     """Weights randn / sqrt(fan-in), the head x 0.4 (+ the range's middle): frames mostly inside the range."""
-    import torch
     sys.path.insert(0, str(ROOT))
+    from comfyui_checks.core_families import taehv_random
     from vae.archs import taehv
-    model = taehv.TAEHV(taehv.TAEHVConfig(16))
-    g = torch.Generator().manual_seed(SEED)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) / (p[0].numel() if p.dim() > 1 else 10) ** 0.5)
-        model.decoder[-1].weight.mul_(0.4)
-        model.decoder[-1].bias.add_(sum(model.config.value_range) / 2)
-    _save(model.state_dict(), folder / "lighttaew2_1.safetensors")
+    _save(taehv_random(taehv.TAEHV(taehv.TAEHVConfig(16))).state_dict(), folder / "lighttaew2_1.safetensors")
 
 
 def _taesd_reference(path: str):

@@ -12,37 +12,29 @@ from safetensors.torch import save_file
 import vae
 from diffusers_face_common import (assert_budget_gives_one_pass, assert_decode_equal, assert_posterior_equal, close,
                                    config_differences, pixels, save)
-from helpers import diffusers_kl, diffusers_tiny
+from helpers import diffusers_kl, diffusers_tiny, jitter_gammas
 from vae.errors import InputError, LoadError
 
 diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-def _jitter_gammas(m: torch.nn.Module) -> torch.nn.Module:
-    """RMS-norm gammas off 1, so parity checks them too."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("gamma"):
-                p.add_(0.2 * torch.randn(p.shape, generator=g))
-    return m.eval()
 
 
 def wan21():
     torch.manual_seed(0)
-    return _jitter_gammas(diffusers.AutoencoderKLWan(base_dim=8, z_dim=16))
+    return jitter_gammas(diffusers.AutoencoderKLWan(base_dim=8, z_dim=16))
 
 
 def wan22():
     torch.manual_seed(0)
-    return _jitter_gammas(diffusers.AutoencoderKLWan(
+    return jitter_gammas(diffusers.AutoencoderKLWan(
         base_dim=8, decoder_base_dim=12, z_dim=12, is_residual=True, patch_size=2, in_channels=12, out_channels=12,
         scale_factor_spatial=16, latents_mean=[0.1 * i for i in range(12)], latents_std=[1 + 0.1 * i for i in range(12)]))
 
 
 def qwen():
     torch.manual_seed(0)
-    return _jitter_gammas(diffusers.AutoencoderKLQwenImage(base_dim=8, z_dim=16))
+    return jitter_gammas(diffusers.AutoencoderKLQwenImage(base_dim=8, z_dim=16))
 
 
 # name -> (diffusers model, how the face is loaded: "file" (a single file, name) or "folder", pixels, latent)
