@@ -1,0 +1,16 @@
+"""Per diffusers class, a declaration the face reads (family.py says what one holds), one module per class
+group. The face and the loader read only ``FAMILIES``; no code outside this package names a family.
+"""
+from .cogvideox import AUTOENCODER_KL_COGVIDEOX
+from .family import MISSING, Family, Number
+from .hunyuan import AUTOENCODER_KL_HUNYUAN_VIDEO, AUTOENCODER_KL_HUNYUAN_VIDEO15
+from .image import AUTOENCODER_KL, AUTOENCODER_TINY
+from .ltx import AUTOENCODER_KL_LTX_VIDEO
+from .wan import AUTOENCODER_KL_QWEN_IMAGE, AUTOENCODER_KL_WAN
+
+# In order: where several serve one file, a folder's config.json or a file-name word chooses, else the first.
+FAMILIES = (AUTOENCODER_KL, AUTOENCODER_TINY, AUTOENCODER_KL_WAN, AUTOENCODER_KL_QWEN_IMAGE, AUTOENCODER_KL_LTX_VIDEO,
+            AUTOENCODER_KL_HUNYUAN_VIDEO, AUTOENCODER_KL_HUNYUAN_VIDEO15,
+            AUTOENCODER_KL_COGVIDEOX)
+
+__all__ = ["FAMILIES", "Family", "MISSING", "Number"]

@@ -1,0 +1,41 @@
+"""What a diffusers class's declaration holds: which of our files it serves, the class's config
+keys (its defaults, the values our loader read from the weights, the published latent statistics a file
+name tells), how its latents relate to ours, and the instance attributes its pipelines read. The face
+(face.py) and the loader (source.py) read only these fields; no code outside this package names a family.
+
+A family's ``normalise(handle)`` gives ``(shift, scale)`` with ``diffusers' latent = (ours - shift) *
+scale`` (numbers or per-channel tuples), or None where our handle already gives the class's raw latent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Union
+
+
+
+Number = Union[float, tuple[float, ...]]
+MISSING = object()          # a config value only a diffusers folder's config.json (or ``config=``) can give
+
+
+@dataclass(frozen=True)
+class Family:
+    class_name: str                         # diffusers' class, as a folder's config.json names it
+    arch: str                               # our ArchSpec id whose files it serves
+    defaults: Mapping[str, Any]             # the class's config keys and their defaults
+    weights: Callable[[Any, Any], dict]     # (our config, capabilities) -> config keys the weights decide
+    serves: Callable[[Any], bool] = lambda cfg: True      # which of the arch's files (by our config)
+    names: tuple[str, ...] = ()             # file-name words that choose this class among several for one arch
+    named: Callable[[Any, str], dict] = lambda cfg, name: {}     # config values a file name tells
+    posterior: bool = True                  # encode gives ``latent_dist`` (a Gaussian), else ``latents``
+    clamps: bool = False                    # decode clamps to [-1, 1], as the class does
+    normalise: Callable[[Any], Optional[tuple[Number, Number]]] = lambda handle: None
+    attributes: Callable[[Mapping[str, Any]], dict] = lambda config: {}
+    derived: Callable[[Mapping[str, Any]], dict] = lambda config: {}    # config keys the class sets from others
+    # the class's decode parameters after ``z``, in order (pipelines pass some by position); besides
+    # ``return_dict`` and ``generator`` (accepted, unused) each is the class's own input, which
+    # ``decode_options(handle, given)`` turns into our handle's decode options, or refuses
+    decode_args: tuple[str, ...] = ("return_dict", "generator")
+    decode_options: Callable[[Any, Mapping[str, Any]], dict] = lambda handle, given: {}
+    forward_args: tuple[str, ...] = ("sample_posterior", "return_dict", "generator")    # forward's, after sample
+    tensors: Callable[[Any], dict] = lambda handle: {}      # buffers the class holds that pipelines read
+    prepare: Callable[[Any], None] = lambda handle: None    # set our model to compute as the class does
