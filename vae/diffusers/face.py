@@ -9,6 +9,7 @@ InputError naming it.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Mapping, Optional
 
@@ -87,6 +88,8 @@ class Face(torch.nn.Module):
         if name in DTYPE_PROBES:
             return self.model           # its parameters carry the face's dtype and device
         family = self.__dict__.get("_family")
+        if family is not None and name in family.modules:
+            return getattr(self.model, name)
         raise AttributeError(f"vae.diffusers' {getattr(family, 'class_name', 'face')} answers encode, decode, forward, config, dtype, "
                              f"device, to, eval, requires_grad_ and the tiling/slicing switches, not '{name}'.")
 
@@ -119,36 +122,43 @@ class Face(torch.nn.Module):
         _refuse(unknown, "encode")
         _no_gradients(x, "encode")
         _in_range(x)
-        handle, posterior = self._handle, self._family.posterior
-        out = handle.encode((x + 1) / 2, **self._call("encode", x.shape), posterior=posterior)
-        if posterior:
+        handle, family = self._handle, self._family
+        ours = family.into(handle, "pixels", x, {})
+        out = handle.encode((ours + 1) / 2, **self._call("encode", ours.shape), posterior=family.posterior)
+        if family.posterior:
             moments = gaussian.gaussian(*out)
             shift, scale = self._normalisation(moments.dim())
             if shift is not None:
                 moments = gaussian.normalised(moments, lambda m: (m - shift) * scale, scale)
+            moments = torch.cat([family.out_of(handle, "latent", h, {}) for h in gaussian.split(moments)], dim=1)
             result = Output(latent_dist=DiagonalGaussianDistribution(self._out(moments)))
         else:
             shift, scale = self._normalisation(out.dim())
-            result = Output(latents=self._out(out if shift is None else (out - shift) * scale))
+            out = out if shift is None else (out - shift) * scale
+            result = Output(latents=self._out(family.out_of(handle, "latent", out, {})))
         return result if return_dict else result.to_tuple()
 
     def decode(self, z: torch.Tensor, *args, **kwargs):
         """The class's decode: ``decode(z, return_dict=True, generator=None)`` (``generator`` accepted and
-        unused, as by diffusers' deterministic decoders), or the class's own inputs (LTX-Video's ``temb``)."""
-        given = _bind(self._family.decode_args, args, kwargs, "decode")
+        unused, as by diffusers' deterministic decoders), or the class's own inputs (LTX-Video's ``temb``,
+        SVD's ``num_frames``)."""
+        handle, family = self._handle, self._family
+        given = _bind(family.decode_args, args, kwargs, "decode")
         return_dict = given.pop("return_dict", True)
         given.pop("generator", None)
         _no_gradients(z, "decode")
-        options = self._family.decode_options(self._handle, given)
-        shift, scale = self._normalisation(z.dim())
-        ours = z if shift is None else z / scale + shift
-        y = self._handle.decode(ours, **self._call("decode", z.shape), clamp=self._family.clamps, **options)
-        result = Output(sample=self._out(y * 2 - 1))
+        options = family.decode_options(handle, given)
+        ours = family.into(handle, "latent", z, given)
+        shift, scale = self._normalisation(ours.dim())
+        ours = ours if shift is None else ours / scale + shift
+        y = handle.decode(ours, **self._call("decode", ours.shape), clamp=family.clamps, **options)
+        result = Output(sample=self._out(family.out_of(handle, "pixels", y * 2 - 1, given)))
         return result if return_dict else result.to_tuple()
 
     def forward(self, sample: torch.Tensor, *args, **kwargs):
-        """Encode then decode, as the classes' ``forward``: the posterior's sample (``sample_posterior``) or mode."""
-        given = _bind(self._family.forward_args, args, kwargs, "forward")
+        """Encode then decode, as the classes' ``forward``: the posterior's sample (``sample_posterior``) or
+        mode; the class's own inputs go to decode (their defaults the class's forward's)."""
+        given = {**self._family.forward_defaults, **_bind(self._family.forward_args, args, kwargs, "forward")}
         if not self._family.posterior:
             raise InputError(f"{self._family.class_name}'s forward stores its latents as 8-bit values between encode "
                              "and decode; the face does not round latents.", input="forward",
@@ -183,6 +193,29 @@ class Face(torch.nn.Module):
         which a trainer's autograd could not save)."""
         t = t.to(self.device, self.dtype)
         return t.clone() if t.is_inference() else t
+
+
+# forward's parameters every class has, with the classes' defaults
+_FORWARD_DEFAULTS = dict(sample_posterior=False, return_dict=True, generator=None)
+_CLASSES: dict[str, type] = {}
+
+
+def face_class(family: Family) -> type:
+    """The face's class for ``family``: named as diffusers' class, its ``forward`` with that class's
+    parameters, which pipelines read (StableVideoDiffusionPipeline passes ``num_frames`` only to a VAE whose
+    ``forward`` takes it)."""
+    if family.class_name not in _CLASSES:
+        defaults = {**_FORWARD_DEFAULTS, **family.forward_defaults}
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params = [inspect.Parameter("self", kind), inspect.Parameter("sample", kind)]
+        params += [inspect.Parameter(n, kind, default=defaults.get(n)) for n in family.forward_args]
+
+        def forward(self, sample, *args, **kwargs):
+            return Face.forward(self, sample, *args, **kwargs)
+        forward.__signature__ = inspect.Signature(params)
+        forward.__doc__ = Face.forward.__doc__
+        _CLASSES[family.class_name] = type(family.class_name, (Face,), {"forward": forward, "__module__": __name__})
+    return _CLASSES[family.class_name]
 
 
 def _bind(names: tuple[str, ...], args: tuple, kwargs: dict, call: str) -> dict:

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 from .. import loading
 from ..errors import InputError, LoadError
 from ..handle import VAE
-from .face import Face
+from .face import Face, face_class
 from .families import FAMILIES, MISSING, Family
 
 WEIGHTS = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
@@ -29,7 +29,7 @@ def load(file_or_folder, budget=None, dtype=None, device=None, config: Optional[
     hint = f"{folder.parent.name}/{folder.name}" if folder else path.name
     handle = loading.load(_weights(folder) if folder else path, dtype=dtype, device=device, name_hint=hint)
     family = choose(handle, saved.get("_class_name"), hint)
-    return Face(handle, family, class_config(family, handle, hint, saved, dict(config or {})), budget)
+    return face_class(family)(handle, family, class_config(family, handle, hint, saved, dict(config or {})), budget)
 
 
 def _vae_folder(path: Path) -> Path:

@@ -4,11 +4,15 @@ name tells), how its latents relate to ours, and the instance attributes its pip
 (face.py) and the loader (source.py) read only these fields; no code outside this package names a family.
 
 A family's ``normalise(handle)`` gives ``(shift, scale)`` with ``diffusers' latent = (ours - shift) *
-scale`` (numbers or per-channel tuples), or None where our handle already gives the class's raw latent.
+scale`` (numbers or per-channel tuples, in our layout), or None where our handle already gives the class's
+raw latent. Where the class lays its tensors out unlike our handle (Flux.2's latent unpacked, Qwen-Image
+2.1's images as one-frame clips, SVD's frames in the batch), ``into(handle, what, t, given)`` gives ours of
+the class's ``t`` before a call and ``out_of(handle, what, t, given)`` the class's of ours after it;
+``what`` is "pixels" or "latent" (each half of a posterior alike), ``given`` the call's own inputs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 
@@ -37,5 +41,9 @@ class Family:
     decode_args: tuple[str, ...] = ("return_dict", "generator")
     decode_options: Callable[[Any, Mapping[str, Any]], dict] = lambda handle, given: {}
     forward_args: tuple[str, ...] = ("sample_posterior", "return_dict", "generator")    # forward's, after sample
+    forward_defaults: Mapping[str, Any] = field(default_factory=dict)  # forward's own defaults (SVD's num_frames)
     tensors: Callable[[Any], dict] = lambda handle: {}      # buffers the class holds that pipelines read
+    modules: tuple[str, ...] = ()           # submodules of our model pipelines read as the class's (Flux.2's bn)
+    into: Callable[[Any, str, Any, Mapping[str, Any]], Any] = lambda handle, what, t, given: t
+    out_of: Callable[[Any, str, Any, Mapping[str, Any]], Any] = lambda handle, what, t, given: t
     prepare: Callable[[Any], None] = lambda handle: None    # set our model to compute as the class does

@@ -23,7 +23,7 @@ def _hunyuan_video_weights(cfg, caps) -> dict:
                 mid_block_add_attention=cfg.mid_attention, **_ratios_of(caps))
 
 
-def _ratio_attributes(config: Mapping[str, Any]) -> dict:
+def ratio_attributes(config: Mapping[str, Any]) -> dict:
     """The compression ratios the classes set on themselves from their config (pipelines read them)."""
     return dict(spatial_compression_ratio=config["spatial_compression_ratio"],
                 temporal_compression_ratio=config["temporal_compression_ratio"])
@@ -37,10 +37,10 @@ AUTOENCODER_KL_HUNYUAN_VIDEO = Family(
                   scaling_factor=0.476986, spatial_compression_ratio=8, temporal_compression_ratio=4,
                   mid_block_add_attention=True),
     weights=_hunyuan_video_weights,
-    attributes=lambda config: {**_ratio_attributes(config), "time_compression_ratio": config["temporal_compression_ratio"]})
+    attributes=lambda config: {**ratio_attributes(config), "time_compression_ratio": config["temporal_compression_ratio"]})
 
 
-def _hunyuan_video15_weights(cfg, caps) -> dict:
+def hunyuan_video15_weights(cfg, caps) -> dict:
     widths = list(cfg.widths)
     # a resampler "matches channels" where it moves to the next level's width (as published)
     down = [r.out != w for r, w in zip(cfg.down, widths) if r]
@@ -56,4 +56,4 @@ AUTOENCODER_KL_HUNYUAN_VIDEO15 = Family(
     defaults=dict(in_channels=3, out_channels=3, latent_channels=32, block_out_channels=[128, 256, 512, 1024, 1024],
                   layers_per_block=2, spatial_compression_ratio=16, temporal_compression_ratio=4,
                   downsample_match_channel=True, upsample_match_channel=True, scaling_factor=1.03682),
-    weights=_hunyuan_video15_weights, attributes=_ratio_attributes)
+    weights=hunyuan_video15_weights, attributes=ratio_attributes)

@@ -30,7 +30,7 @@ def _by_name(spaces, channels: int, name: str) -> dict:
     return dict(chosen)
 
 
-def _kl_weights(cfg, caps) -> dict:
+def kl_weights(cfg, caps) -> dict:
     n = len(cfg.ch_mult)
     return dict(in_channels=cfg.in_channels, out_channels=cfg.out_channels,
                 down_block_types=["DownEncoderBlock2D"] * n, up_block_types=["UpDecoderBlock2D"] * n,
@@ -46,7 +46,7 @@ AUTOENCODER_KL = Family(
                   latent_channels=4, norm_num_groups=32, sample_size=32, scaling_factor=0.18215, shift_factor=None,
                   latents_mean=None, latents_std=None, force_upcast=True, use_quant_conv=True,
                   use_post_quant_conv=True, mid_block_add_attention=True),
-    weights=_kl_weights,
+    weights=kl_weights,
     serves=lambda cfg: cfg.decoder_widths is None and cfg.decoder_res_blocks is None,
     named=lambda cfg, name: _by_name(_KL_SPACES, cfg.z_channels, name))
 

@@ -37,7 +37,7 @@ def _statistics(cfg) -> dict:
     return dict(latents_mean=MISSING, latents_std=MISSING)
 
 
-def _wan_weights(cfg, caps) -> dict:
+def wan_weights(cfg, caps) -> dict:
     base, mult, dec_base = _wan_dims(cfg)
     px = cfg.image_channels * cfg.patch ** 2
     return dict(base_dim=base, decoder_base_dim=None if dec_base == base else dec_base, z_dim=cfg.latent_channels,
@@ -54,7 +54,7 @@ def _qwen_weights(cfg, caps) -> dict:
                 temperal_downsample=list(cfg.temporal), input_channels=cfg.image_channels, **_statistics(cfg))
 
 
-def _temporal(config: Mapping[str, Any], spatial: int) -> dict:
+def temporal_attributes(config: Mapping[str, Any], spatial: int) -> dict:
     """What the classes set on themselves and their pipelines read (``vae.temperal_downsample``, ...)."""
     down = list(config["temperal_downsample"])
     return dict(z_dim=config["z_dim"], temperal_downsample=down, temperal_upsample=down[::-1],
@@ -67,9 +67,9 @@ _WAN_DEFAULTS = dict(base_dim=96, decoder_base_dim=None, z_dim=16, dim_mult=[1, 
                      out_channels=3, patch_size=None, scale_factor_temporal=4, scale_factor_spatial=8)
 
 AUTOENCODER_KL_WAN = Family(
-    class_name="AutoencoderKLWan", arch="wan", defaults=_WAN_DEFAULTS, weights=_wan_weights,
+    class_name="AutoencoderKLWan", arch="wan", defaults=_WAN_DEFAULTS, weights=wan_weights,
     serves=lambda cfg: not cfg.image, clamps=True,
-    attributes=lambda config: _temporal(config, config["scale_factor_spatial"]))
+    attributes=lambda config: temporal_attributes(config, config["scale_factor_spatial"]))
 
 AUTOENCODER_KL_QWEN_IMAGE = Family(
     class_name="AutoencoderKLQwenImage", arch="wan",
@@ -78,4 +78,4 @@ AUTOENCODER_KL_QWEN_IMAGE = Family(
                   latents_mean=list(WAN21_MEAN), latents_std=list(WAN21_STD)),
     weights=_qwen_weights, names=("qwen",), clamps=True,
     serves=lambda cfg: not (cfg.image or cfg.residual or cfg.patch > 1),
-    attributes=lambda config: _temporal(config, 2 ** len(config["temperal_downsample"])))
+    attributes=lambda config: temporal_attributes(config, 2 ** len(config["temperal_downsample"])))
