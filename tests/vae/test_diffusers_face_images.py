@@ -38,8 +38,8 @@ CASES = {
     "qwen21": (diffusers_qwen21, "qwen_image_2.1_vae_bf16.safetensors", (2, 4, 1, 32, 48), (2, 64, 1, 2, 3), ()),
     "hunyuan_image21": (diffusers_hunyuan_image21, "hunyuan_image_2.1_vae_fp16.safetensors", (1, 3, 64, 96),
                         (1, 64, 2, 3), ()),
-    "hunyuan_image_refiner": (refiner, "hunyuan_image_refiner_vae_fp16.safetensors", (1, 3, 1, 32, 32),
-                              (1, 32, 1, 2, 2), ()),
+    "hunyuan_image_refiner": (refiner, "hunyuan_image_refiner_vae_fp16.safetensors", (2, 3, 1, 16, 16),
+                              (2, 32, 1, 1, 1), ()),
     # a folder: its config.json names the class among the two that serve HunyuanVideo 1.5's model
     "hunyuan_image_refiner-folder": (refiner, "folder", (1, 3, 1, 16, 16), (1, 32, 1, 1, 1), ()),
     "svd": (lambda: tiny_reference("svd").eval(), "svd_xt_image_decoder.safetensors", (3, 3, 16, 16), (4, 4, 2, 2),
