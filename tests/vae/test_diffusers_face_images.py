@@ -95,6 +95,9 @@ def test_layouts_the_classes_do_not_take_are_refused(tmp_path):
         qwen.encode(pixels((1, 4, 32, 32)))
     with pytest.raises(InputError, match="one-frame clips"):
         qwen.decode(torch.randn(1, 64, 2, 2, 2))
+    refined = vae.diffusers.load(save(refiner(), "hunyuan_image_refiner_vae.safetensors", tmp_path))
+    with pytest.raises(InputError, match="one-frame clips"):       # where the class departs from the model
+        refined.encode(pixels((1, 3, 5, 16, 16)))
 
 
 # ---- the pipelines' VAE steps ------------------------------------------------------------------------------

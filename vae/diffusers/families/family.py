@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
+from ...errors import InputError
+
 
 
 Number = Union[float, tuple[float, ...]]
@@ -47,3 +49,12 @@ class Family:
     into: Callable[[Any, str, Any, Mapping[str, Any]], Any] = lambda handle, what, t, given: t
     out_of: Callable[[Any, str, Any, Mapping[str, Any]], Any] = lambda handle, what, t, given: t
     prepare: Callable[[Any], None] = lambda handle: None    # set our model to compute as the class does
+
+
+def one_frame(class_name: str, pipeline: str, what: str, t):
+    """``t`` if it is a one-frame clip [B, C, 1, H, W], the only input on which the face answers as the class."""
+    if t.dim() != 5 or t.shape[2] != 1:
+        raise InputError(f"{class_name}'s face takes one-frame clips [B, C, 1, H, W], not {tuple(t.shape)}.",
+                         input="x" if what == "pixels" else "z",
+                         fix=f"pass images as one-frame clips (x.unsqueeze(2)), as {pipeline} does.")
+    return t

@@ -5,8 +5,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ...errors import InputError
-from .family import Family
+from .family import Family, one_frame
 from .hunyuan import hunyuan_video15_weights, ratio_attributes
 
 
@@ -29,12 +28,7 @@ AUTOENCODER_KL_HUNYUAN_IMAGE = Family(
 # ---- AutoencoderKLHunyuanImageRefiner: our loader reads its file as HunyuanVideo 1.5's VAE (the same model).
 # The class agrees with it on one latent frame (the refiner's use), not on more (it never resamples time).
 def _one_frame(handle, what: str, t: torch.Tensor, given: Mapping[str, Any]) -> torch.Tensor:
-    if t.dim() != 5 or t.shape[2] != 1:
-        raise InputError(f"AutoencoderKLHunyuanImageRefiner's face takes one-frame clips [B, C, 1, H, W], not "
-                         f"{tuple(t.shape)}: on more frames the class departs from the model.",
-                         input="x" if what == "pixels" else "z", fix="pass images as one-frame clips (x.unsqueeze(2)), "
-                                                                     "as HunyuanImageRefinerPipeline does.")
-    return t
+    return one_frame("AutoencoderKLHunyuanImageRefiner", "HunyuanImageRefinerPipeline", what, t)
 
 
 AUTOENCODER_KL_HUNYUAN_IMAGE_REFINER = Family(

@@ -5,8 +5,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ...errors import InputError
-from .family import MISSING, Family
+from .family import MISSING, Family, one_frame
 from .wan import temporal_attributes, wan_weights
 
 
@@ -50,11 +49,8 @@ def _frame_out(handle, what: str, t: torch.Tensor, given: Mapping[str, Any]) -> 
 
 
 def _frame_in(handle, what: str, t: torch.Tensor, given: Mapping[str, Any]) -> torch.Tensor:
-    if t.dim() != 5 or t.shape[2] != 1:
-        raise InputError(f"AutoencoderKLQwenImage21 is an image VAE: its face takes one-frame clips [B, C, 1, H, W], "
-                         f"not {tuple(t.shape)}.", input="x" if what == "pixels" else "z",
-                         fix="pass images as one-frame clips (x.unsqueeze(2)), as QwenImage21Pipeline does.")
-    return t[:, :, 0]
+    """An image VAE to us: the class's one-frame clips as images."""
+    return one_frame("AutoencoderKLQwenImage21", "QwenImage21Pipeline", what, t)[:, :, 0]
 
 
 AUTOENCODER_KL_QWEN_IMAGE21 = Family(
