@@ -8,7 +8,7 @@ scale`` (numbers or per-channel tuples), or None where our handle already gives 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 
@@ -36,6 +36,12 @@ class Family:
     # ``decode_options(handle, given)`` turns into our handle's decode options, or refuses
     decode_args: tuple[str, ...] = ("return_dict", "generator")
     decode_options: Callable[[Any, Mapping[str, Any]], dict] = lambda handle, given: {}
+    # the class's encode parameters after ``x``, in order; besides ``return_dict`` each is the class's own
+    # input, which ``encode_options(handle, given)`` turns into our handle's encode options, or refuses
+    encode_args: tuple[str, ...] = ("return_dict",)
+    encode_options: Callable[[Any, Mapping[str, Any]], dict] = lambda handle, given: {}
     forward_args: tuple[str, ...] = ("sample_posterior", "return_dict", "generator")    # forward's, after sample
+    # forward's own inputs that go to its encode or decode under another name: {name: ("encode"|"decode", as)}
+    forward_routes: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     tensors: Callable[[Any], dict] = lambda handle: {}      # buffers the class holds that pipelines read
     prepare: Callable[[Any], None] = lambda handle: None    # set our model to compute as the class does
