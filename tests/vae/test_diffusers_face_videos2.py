@@ -110,6 +110,17 @@ def test_ltx2_causal_inputs(tmp_path):
         close(causal.decode(z, causal=True).sample, causal_ref.decode(z, causal=True).sample)
 
 
+def test_a_conditioned_ltx2_decoder_is_told_from_095_by_name_or_metadata(tmp_path):
+    """Its weights are 0.9.5's shapes: an LTX-2 file name, or the checkpoint's metadata, makes it this class;
+    an LTX-Video name (``2b`` is not ``2-``) the 0.9.x one."""
+    sd = {k: v.contiguous() for k, v in ltx2_reference("2.0t").state_dict().items()}
+    for name, metadata, cls in (("ltx-2-19b_vae.safetensors", None, "AutoencoderKLLTX2Video"),
+                                ("vae.safetensors", _metadata(), "AutoencoderKLLTX2Video"),
+                                ("ltx-video-2b-v0.9.5_vae.safetensors", None, "AutoencoderKLLTXVideo")):
+        save_file(sd, str(tmp_path / name), metadata=metadata)
+        assert vae.diffusers.load(tmp_path / name).config["_class_name"] == cls, name
+
+
 def test_ltx2_refusals(tmp_path):
     """A conditioned decoder without its timestep; keywords the class does not take; a config.json whose
     settings the weights' model does not run (diffusers' default causal decoder, another padding)."""

@@ -216,8 +216,9 @@ AUTOENCODER_KL_LTX2_VIDEO = Family(
         timestep_conditioning=False, patch_size=4, patch_size_t=1, resnet_norm_eps=1e-6, scaling_factor=1.0,
         encoder_causal=True, decoder_causal=True, encoder_spatial_padding_mode="zeros",
         decoder_spatial_padding_mode="reflect", spatial_compression_ratio=None, temporal_compression_ratio=None),
-    weights=_ltx2_weights, serves=_ltx2_serves, names=("ltx-2", "ltx2", "ltx_2"), normalise=_ltx_normalise,
-    attributes=_ltx_ratios,
+    # the file-name words of LTX-2 files (ltx-2-19b, ltx-2.3-22b, LTX2_...), not LTX-Video's "ltx-2b"
+    weights=_ltx2_weights, serves=_ltx2_serves, names=("ltx-2-", "ltx-2.", "ltx-2_", "ltx2", "ltx_2"),
+    normalise=_ltx_normalise, attributes=_ltx_ratios,
     # the causal encoder runs causally whatever ``causal`` says (the class: ``causal or is_causal``)
     encode_args=("causal", "return_dict"), decode_args=("temb", "causal", "return_dict"),
     decode_options=_ltx2_decode_options,
