@@ -3,6 +3,7 @@ original / ComfyUI key layout rebuilt from ComfyUI's and Lightricks' source fact
 ltx_layout.to_original), and diffusers' conversion-script renames applied as the scripts apply them."""
 from __future__ import annotations
 
+import json
 import re
 
 import torch
@@ -48,6 +49,12 @@ def ltx2_reference(version: str, **kw):
     from diffusers import AutoencoderKLLTX2Video     # a test dependency: imported where a test needs it
     torch.manual_seed(0)
     return randomize(AutoencoderKLLTX2Video(latent_channels=LTX2_LATENT, **{**LTX2_TINY[version], **kw}), LTX2_LATENT)
+
+
+def ltx2_metadata(vae_cfg: dict) -> dict:
+    """Safetensors metadata as LTX-2 checkpoints carry it: the config of every part, JSON."""
+    return {"config": json.dumps({"vae": {"_class_name": "CausalVideoAutoencoder", **vae_cfg},
+                                  "audio_vae": {"model": {}}, "vocoder": {}})}
 
 
 def stats(ref):

@@ -5,8 +5,6 @@ and each in its diffusers pipeline: LTX2Pipeline, LTX2ImageToVideoPipeline and E
 tiny random components, run once with diffusers' VAE and once with the face, the VAE's part compared."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -14,7 +12,7 @@ from safetensors.torch import save_file
 import vae
 from diffusers_face_common import (assert_decode_equal, assert_posterior_equal, close, config_differences, pixels,
                                    run_both, same, save)
-from ltx_common import LTX2_LATENT, ltx2_reference
+from ltx_common import LTX2_LATENT, ltx2_metadata, ltx2_reference
 from video_families import tiny_reference
 from vae.errors import InputError, LoadError
 
@@ -77,11 +75,6 @@ def test_config_and_forward_equal_the_diffusers_class(case):
         close(face(x, *temb, **kw()).sample, want)
 
 
-def _metadata(**vae_cfg) -> dict:
-    """An LTX-2 checkpoint's ``config`` metadata (what the weights cannot tell)."""
-    return {"config": json.dumps({"vae": vae_cfg, "audio_vae": {}, "vocoder": {}})}
-
-
 def test_ltx2_causal_inputs(tmp_path):
     """``causal`` as the class takes it (``causal or is_causal``): the causal encoder whatever it says; the
     non-causal decoder as published unless asked to run causally, which is refused by name; a decoder its
@@ -103,7 +96,7 @@ def test_ltx2_causal_inputs(tmp_path):
     causal_ref = ltx2_reference("2.3", decoder_causal=True)
     path = tmp_path / "ltx-2.3_causal.safetensors"
     save_file({k: v.contiguous() for k, v in causal_ref.state_dict().items()}, str(path),
-              metadata=_metadata(causal_decoder=True))
+              metadata=ltx2_metadata({"causal_decoder": True}))
     causal = vae.diffusers.load(path)
     assert causal.config.decoder_causal
     with torch.no_grad():
@@ -115,7 +108,7 @@ def test_a_conditioned_ltx2_decoder_is_told_from_095_by_name_or_metadata(tmp_pat
     an LTX-Video name (``2b`` is not ``2-``) the 0.9.x one."""
     sd = {k: v.contiguous() for k, v in ltx2_reference("2.0t").state_dict().items()}
     for name, metadata, cls in (("ltx-2-19b_vae.safetensors", None, "AutoencoderKLLTX2Video"),
-                                ("vae.safetensors", _metadata(), "AutoencoderKLLTX2Video"),
+                                ("vae.safetensors", ltx2_metadata({}), "AutoencoderKLLTX2Video"),
                                 ("ltx-video-2b-v0.9.5_vae.safetensors", None, "AutoencoderKLLTXVideo")):
         save_file(sd, str(tmp_path / name), metadata=metadata)
         assert vae.diffusers.load(tmp_path / name).config["_class_name"] == cls, name

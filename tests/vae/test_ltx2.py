@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 
 import vae
 from helpers import ROOT, assert_layouts_agree, spy_tensor_reads
-from ltx_common import (LTX2_DEC_23 as _DEC_23, LTX2_FLAGS as FLAGS, LTX2_LATENT, assert_encoder_streams, ltx2_reference,
-                        meta_state_dict, original_layout, randomize, script_rename, stats)
+from ltx_common import (LTX2_DEC_23 as _DEC_23, LTX2_FLAGS as FLAGS, LTX2_LATENT, assert_encoder_streams, ltx2_metadata,
+                        ltx2_reference, meta_state_dict, original_layout, randomize, script_rename, stats)
 from vae import registry
 from vae.engine import tiling
 from vae.archs import ltx, ltx_layout
@@ -64,10 +64,7 @@ RENAME = {"2.0": _RENAME_20, "2.0t": _RENAME_20,
 _tiny = ltx2_reference
 
 
-def _metadata(vae_cfg: dict) -> dict:
-    """Safetensors metadata as LTX-2 checkpoints carry it: the config of every part, JSON."""
-    return {"config": json.dumps({"vae": {"_class_name": "CausalVideoAutoencoder", **vae_cfg},
-                                  "audio_vae": {"model": {}}, "vocoder": {}})}
+_metadata = ltx2_metadata
 
 
 def _save(tmp_path, name: str, sd: dict, metadata=None):
