@@ -126,3 +126,23 @@ def assert_budget_gives_one_pass(path, op: str, x, tile_px: int, caplog, *inputs
     for key in want:
         a, b = (want[key].parameters, got[key].parameters) if key == "latent_dist" else (want[key], got[key])
         close(b, a, tol)
+
+
+def run_both(make_pipe, ref, face, **call):
+    """A diffusers pipeline's output with diffusers' VAE, then with the face, from the same seed
+    (``make_pipe(vae)`` builds the pipeline around either)."""
+    outs = []
+    for v in (ref, face):
+        pipe = make_pipe(v)
+        pipe.set_progress_bar_config(disable=True)
+        with torch.no_grad():
+            outs.append(pipe(generator=torch.Generator().manual_seed(0), **call)[0])
+    return outs
+
+
+def same(a, b, tol=TOL) -> float:
+    """Two pipeline outputs (tensors or arrays) equal within ``tol``, neither empty; the max abs difference."""
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    assert a.shape == b.shape and a.numel()
+    assert (a - b).abs().max() <= tol, (a - b).abs().max()
+    return float((a - b).abs().max())

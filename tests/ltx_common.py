@@ -3,6 +3,7 @@ original / ComfyUI key layout rebuilt from ComfyUI's and Lightricks' source fact
 ltx_layout.to_original), and diffusers' conversion-script renames applied as the scripts apply them."""
 from __future__ import annotations
 
+import json
 import re
 
 import torch
@@ -22,6 +23,38 @@ def randomize(m: torch.nn.Module, latent: int) -> torch.nn.Module:
             if "per_channel_scale" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
     return jitter_norms(m).eval()
+
+
+LTX2_LATENT = 8
+# what diffusers' scripts/convert_ltx2_to_diffusers.py sets and its defaults do not (they say causal
+# decoder and compute 64x / 16x compression from four stride-2 stages)
+LTX2_FLAGS = dict(decoder_causal=False, encoder_causal=True, spatial_compression_ratio=32,
+                  temporal_compression_ratio=8, encoder_spatial_padding_mode="zeros")
+LTX2_DEC_23 = dict(decoder_spatio_temporal_scaling=(True,) * 4, decoder_inject_noise=(False,) * 5,
+                   upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"),
+                   upsample_residual=(False,) * 4, upsample_factor=(2, 2, 1, 2), decoder_spatial_padding_mode="zeros")
+# LTX-2 / LTX-2.3 at the published flags, narrow (tests/vae/test_ltx2.py)
+LTX2_TINY = {
+    "2.0": dict(block_out_channels=(8, 16, 32, 64), layers_per_block=(1,) * 5, decoder_block_out_channels=(16, 32, 64),
+                decoder_layers_per_block=(1,) * 4, decoder_spatial_padding_mode="reflect", **LTX2_FLAGS),
+    "2.3": dict(block_out_channels=(8, 16, 32, 32), layers_per_block=(1,) * 5,
+                decoder_block_out_channels=(16, 32, 32, 64), decoder_layers_per_block=(1,) * 5, **LTX2_DEC_23,
+                **LTX2_FLAGS),
+}
+LTX2_TINY["2.0t"] = dict(LTX2_TINY["2.0"], timestep_conditioning=True)      # a timestep-conditioned LTX-2 decoder
+
+
+def ltx2_reference(version: str, **kw):
+    """diffusers' LTX-2 VAE of ``version``'s tiny structure (``kw`` changed), statistics and norms random."""
+    from diffusers import AutoencoderKLLTX2Video     # a test dependency: imported where a test needs it
+    torch.manual_seed(0)
+    return randomize(AutoencoderKLLTX2Video(latent_channels=LTX2_LATENT, **{**LTX2_TINY[version], **kw}), LTX2_LATENT)
+
+
+def ltx2_metadata(vae_cfg: dict) -> dict:
+    """Safetensors metadata as LTX-2 checkpoints carry it: the config of every part, JSON."""
+    return {"config": json.dumps({"vae": {"_class_name": "CausalVideoAutoencoder", **vae_cfg},
+                                  "audio_vae": {"model": {}}, "vocoder": {}})}
 
 
 def stats(ref):

@@ -10,36 +10,17 @@ from safetensors.torch import save_file
 
 import vae
 from diffusers_face_common import LTX_LATENT, ltx_reference
+from diffusers_face_common import run_both as _run_both, same as _assert_same
 from helpers import diffusers_kl
 from video_families import tiny_reference
 
 diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TOL = 1e-4
-
 
 def _file(ref, path):
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
     return path
-
-
-def _run_both(make_pipe, ref, face, **call):
-    """The pipeline's output with diffusers' VAE, then with the face, from the same seed."""
-    outs = []
-    for v in (ref, face):
-        pipe = make_pipe(v)
-        pipe.set_progress_bar_config(disable=True)
-        with torch.no_grad():
-            outs.append(pipe(generator=torch.Generator().manual_seed(0), **call)[0])
-    return outs
-
-
-def _assert_same(a, b):
-    a, b = torch.as_tensor(a), torch.as_tensor(b)
-    assert a.shape == b.shape and a.numel()
-    assert (a - b).abs().max() <= TOL, (a - b).abs().max()
-    return float((a - b).abs().max())
 
 
 def test_flux_pipeline(tmp_path):

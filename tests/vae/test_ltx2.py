@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 
 import vae
 from helpers import ROOT, assert_layouts_agree, spy_tensor_reads
-from ltx_common import assert_encoder_streams, meta_state_dict, original_layout, randomize, script_rename, stats
+from ltx_common import (LTX2_DEC_23 as _DEC_23, LTX2_FLAGS as FLAGS, LTX2_LATENT, assert_encoder_streams, ltx2_metadata,
+                        ltx2_reference, meta_state_dict, original_layout, randomize, script_rename, stats)
 from vae import registry
 from vae.engine import tiling
 from vae.archs import ltx, ltx_layout
@@ -26,21 +27,7 @@ from vae.archs import ltx, ltx_layout
 diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-LATENT = 8
-# what diffusers' scripts/convert_ltx2_to_diffusers.py sets and its defaults do not (they say causal
-# decoder and compute 64x / 16x compression from four stride-2 stages)
-FLAGS = dict(decoder_causal=False, encoder_causal=True, spatial_compression_ratio=32, temporal_compression_ratio=8,
-             encoder_spatial_padding_mode="zeros")
-_DEC_23 = dict(decoder_spatio_temporal_scaling=(True,) * 4, decoder_inject_noise=(False,) * 5,
-               upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"),
-               upsample_residual=(False,) * 4, upsample_factor=(2, 2, 1, 2), decoder_spatial_padding_mode="zeros")
-TINY = {
-    "2.0": dict(block_out_channels=(8, 16, 32, 64), layers_per_block=(1,) * 5, decoder_block_out_channels=(16, 32, 64),
-                decoder_layers_per_block=(1,) * 4, decoder_spatial_padding_mode="reflect", **FLAGS),
-    "2.3": dict(block_out_channels=(8, 16, 32, 32), layers_per_block=(1,) * 5,
-                decoder_block_out_channels=(16, 32, 32, 64), decoder_layers_per_block=(1,) * 5, **_DEC_23, **FLAGS),
-}
-TINY["2.0t"] = dict(TINY["2.0"], timestep_conditioning=True)      # a timestep-conditioned LTX-2 decoder
+LATENT = LTX2_LATENT
 # the published configs (the conversion script, versions "2.0" and "2.3")
 PUBLISHED = {
     "2.0": dict(block_out_channels=(256, 512, 1024, 2048), layers_per_block=(4, 6, 6, 2, 2),
@@ -74,15 +61,10 @@ RENAME = {"2.0": _RENAME_20, "2.0t": _RENAME_20,
           "2.3": {**_RENAME_20, "up_blocks.7": "up_blocks.3.upsamplers.0", "up_blocks.8": "up_blocks.3"}}
 
 
-def _tiny(version: str, **kw):
-    torch.manual_seed(0)
-    return randomize(diffusers.AutoencoderKLLTX2Video(latent_channels=LATENT, **{**TINY[version], **kw}), LATENT)
+_tiny = ltx2_reference
 
 
-def _metadata(vae_cfg: dict) -> dict:
-    """Safetensors metadata as LTX-2 checkpoints carry it: the config of every part, JSON."""
-    return {"config": json.dumps({"vae": {"_class_name": "CausalVideoAutoencoder", **vae_cfg},
-                                  "audio_vae": {"model": {}}, "vocoder": {}})}
+_metadata = ltx2_metadata
 
 
 def _save(tmp_path, name: str, sd: dict, metadata=None):

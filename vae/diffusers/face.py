@@ -118,13 +118,16 @@ class Face(torch.nn.Module):
         self.use_slicing = False
 
     # ---- calls ------------------------------------------------------------------------------------
-    def encode(self, x: torch.Tensor, return_dict: bool = True, **unknown):
-        _refuse(unknown, "encode")
+    def encode(self, x: torch.Tensor, *args, **kwargs):
+        """The class's encode: ``encode(x, return_dict=True)``, or with the class's own inputs (LTX-2's ``causal``)."""
+        given = _bind(self._family.encode_args, args, kwargs, "encode")
+        return_dict = given.pop("return_dict", True)
         _no_gradients(x, "encode")
         _in_range(x)
         handle, family = self._handle, self._family
-        ours = family.into(handle, "pixels", x, {})
-        out = handle.encode((ours + 1) / 2, **self._call("encode", ours.shape), posterior=family.posterior)
+        options = family.encode_options(handle, given)
+        ours = family.into(handle, "pixels", x, given)
+        out = handle.encode((ours + 1) / 2, **self._call("encode", ours.shape), posterior=family.posterior, **options)
         if family.posterior:
             moments = gaussian.gaussian(*out)
             shift, scale = self._normalisation(moments.dim())
@@ -163,7 +166,11 @@ class Face(torch.nn.Module):
             raise InputError(f"{self._family.class_name}'s forward stores its latents as 8-bit values between encode "
                              "and decode; the face does not round latents.", input="forward",
                              fix="call encode(x).latents, then decode(...).")
-        dist = self.encode(sample).latent_dist
+        routed = {"encode": {}, "decode": given}
+        for name, (call, as_name) in self._family.forward_routes.items():
+            if name in given:
+                routed[call][as_name] = given.pop(name)
+        dist = self.encode(sample, **routed["encode"]).latent_dist
         generator = given.pop("generator", None)
         z = dist.sample(generator=generator) if given.pop("sample_posterior", False) else dist.mode()
         return self.decode(z, **given)

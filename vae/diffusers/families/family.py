@@ -42,8 +42,14 @@ class Family:
     # ``decode_options(handle, given)`` turns into our handle's decode options, or refuses
     decode_args: tuple[str, ...] = ("return_dict", "generator")
     decode_options: Callable[[Any, Mapping[str, Any]], dict] = lambda handle, given: {}
+    # the class's encode parameters after ``x``, in order; besides ``return_dict`` each is the class's own
+    # input, which ``encode_options(handle, given)`` turns into our handle's encode options, or refuses
+    encode_args: tuple[str, ...] = ("return_dict",)
+    encode_options: Callable[[Any, Mapping[str, Any]], dict] = lambda handle, given: {}
     forward_args: tuple[str, ...] = ("sample_posterior", "return_dict", "generator")    # forward's, after sample
     forward_defaults: Mapping[str, Any] = field(default_factory=dict)  # forward's own defaults (SVD's num_frames)
+    # forward's own inputs that go to its encode or decode under another name: {name: ("encode"|"decode", as)}
+    forward_routes: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     tensors: Callable[[Any], dict] = lambda handle: {}      # buffers the class holds that pipelines read
     modules: tuple[str, ...] = ()           # submodules of our model pipelines read as the class's (Flux.2's bn)
     into: Callable[[Any, str, Any, Mapping[str, Any]], Any] = lambda handle, what, t, given: t
