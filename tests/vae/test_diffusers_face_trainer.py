@@ -19,11 +19,47 @@ from diffusers_face_common import LTX_LATENT, close, ltx_reference, pixels, save
 from helpers import jitter_gammas
 
 diffusers = pytest.importorskip("diffusers")
-pytest.importorskip("finetrainers", reason="finetrainers is not installed (not a test dependency: it pulls in "
-                                           "accelerate, transformers, datasets, bitsandbytes, wandb); "
-                                           "pip install finetrainers==0.2.0 to run these")
-wan_spec = pytest.importorskip("finetrainers.models.wan.base_specification")
-ltx_spec = pytest.importorskip("finetrainers.models.ltx_video.base_specification")
+
+
+def _finetrainers_specifications():
+    """finetrainers' Wan and LTX-Video specification modules, or a skip naming why not. Its 0.2.0 wheel does
+    not import as published: the package's ``__init__`` imports its trainers, which import
+    ``finetrainers.patches.dependencies``, a package the wheel leaves out, and its dataset module names
+    ``torchvision.io.video_reader.VideoReader``, which torchvision 0.29 no longer has. Neither is on the
+    latent path: the modules are imported without the package's ``__init__``, the two missing names stand in
+    as things that fail if used (a function that raises, a class nothing is an instance of)."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+    spec = importlib.util.find_spec("finetrainers")
+    if spec is None:
+        pytest.skip("finetrainers is not installed (not a test dependency: it pulls in accelerate, transformers, "
+                    "datasets, bitsandbytes, wandb); pip install finetrainers==0.2.0 to run these", allow_module_level=True)
+    try:
+        import torchvision.io
+    except ImportError as e:
+        pytest.skip(f"finetrainers imports torchvision, which does not import here: {e}", allow_module_level=True)
+    if not hasattr(torchvision.io, "video_reader"):
+        torchvision.io.video_reader = types.SimpleNamespace(VideoReader=type("VideoReader", (), {}))
+    if "finetrainers" not in sys.modules:
+        package = types.ModuleType("finetrainers")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["finetrainers"] = package
+
+    def absent(*args, **kwargs):
+        raise RuntimeError("not in finetrainers 0.2.0's wheel")
+    for name in ("patches", "patches.dependencies", "patches.dependencies.diffusers",
+                 "patches.dependencies.diffusers.control"):
+        if f"finetrainers.{name}" not in sys.modules:
+            stand_in = types.ModuleType(f"finetrainers.{name}")
+            stand_in.__path__, stand_in.control_channel_concat, stand_in.load_lora_weights = [], absent, absent
+            sys.modules[f"finetrainers.{name}"] = stand_in
+    return (importlib.import_module("finetrainers.models.wan.base_specification"),
+            importlib.import_module("finetrainers.models.ltx_video.base_specification"))
+
+
+wan_spec, ltx_spec = _finetrainers_specifications()
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
