@@ -5,11 +5,13 @@ process, on the same file and the same input, figures read back into one table.
     python3 bench/run.py encode --family ltx --size 512x768x49 --kinds diffusers,default,budget@1.5,budget@2.5
     python3 bench/run.py budget --family wan --size 512x768x17 --kinds one_pass,budget --budget 1
     python3 bench/run.py budget --family wan,ltx2.3,kl,ltx_diffusion --plans 4 --device cuda --dtype bf16
+    python3 bench/run.py face --family wan --size 384x384x9 --kinds diffusers,face,face@0.25x
 
 Weights: each family's published config with random weights under a fixed seed, written once to a
 temporary folder (bench/harness/families.py); the input: randn latents, uniform 0..1 pixels, fixed seed.
 Runs by name (bench/harness/runs.py); ``NAME@P`` gives a run its parameter (a tile ``512/64``, a budget in
-GB). Each run: its own subprocess (core's under ComfyUI's python), CPU, fp32, ``--threads``, measured by
+GB, or ``0.25x``: a quarter of the least working set measured before it by a run without a parameter). ``face``: diffusers' class
+beside vae.diffusers' face on the same file, decode then encode (``--op decode,encode``). Each run: its own subprocess (core's under ComfyUI's python), CPU, fp32, ``--threads``, measured by
 bench/harness/measure.py: ``working`` = peak RSS during the call - RSS after loading (the output
 included; ``w/o out`` subtracts the float32 output), ``cpu s`` the process's CPU time of the fastest call.
 Errors against the first run of the list: max and mean abs, PSNR on 0..1 pixels (encode: relative to the
@@ -113,22 +115,39 @@ def table(a, family_name: str, size: str, folder: Path) -> list[dict]:
           f"{'max err':>9} {'mean err':>9} {'PSNR':>5} {'agree from':>10}  notes")
     ref, rows = None, []
     stem = lambda k: f"{size}_{k.replace('/', '_')}"          # noqa: E731
-    start = lambda k: run(str(BENCH / "decode.py"), k, flags + ["--stem", stem(k)], folder / stem(k),  # noqa: E731
-                          a.comfy_python)
+    start = lambda k: run(str(BENCH / "decode.py"), _resolved(k, rows), flags + ["--stem", stem(k)],  # noqa: E731
+                          folder / stem(k), a.comfy_python)
     for name, r, out in results(names, start, lambda k: f"{k:<18} "):
         info = json.loads(Path(folder / f"{stem(name)}.info.json").read_text())
         ref = (out.astype(np.float64), r) if ref is None else ref
         err, mean, psnr, agree = _errors(out, ref[0], a.op)
         ratio = r["cpu_s"] / ref[1]["cpu_s"] if ref[1]["cpu_s"] else math.nan
         output = out.size * 4 / MIB
+        given = _resolved(name, rows)
+        notes = "; ".join(filter(None, [f"budget {given.partition('@')[2]} GB" if given != name else "",
+                                        _notes(r, info, fixed, a.predict)]))
         print(f"{name:<18} {r['best_s']:>8.2f} {r['cpu_s']:>8.2f} {ratio:>7.2f} {r['working_set_mib']:>11.0f} "
-              f"{r['working_set_mib'] - output:>8.0f} {err:>9.2e} {mean:>9.2e} {psnr:>5} {agree:>10}  "
-              f"{_notes(r, info, fixed, a.predict)}", flush=True)
-        rows.append(dict(family=family_name, size=size, run=name, **r, info=info, max_err=err, output_mib=output))
+              f"{r['working_set_mib'] - output:>8.0f} {err:>9.2e} {mean:>9.2e} {psnr:>5} {agree:>10}  {notes}",
+              flush=True)
+        rows.append(dict(family=family_name, size=size, op=a.op, run=name, given=given, **r, info=info, max_err=err,
+                         err_scale=1.0 if a.op == "decode" else float(np.abs(ref[0]).max()), output_mib=output))
         if a.seam_maps and name != names[0] and out.ndim == 4:
             _seam_map(np.abs(out - ref[0]), Path(a.seam_maps) / f"seams_{family_name}_{name.replace('/', '_')}.png")
         Path(r["output"]).unlink()
     return rows
+
+
+def _resolved(name: str, rows: list[dict]) -> str:
+    """``NAME@Fx`` as ``NAME@GB``: F times the least working set measured before it (``rows``) by a run
+    without a parameter (a budget below each one-pass run); any other name as it is."""
+    run_name, _, param = name.partition("@")
+    if not param.endswith("x"):
+        return name
+    plain = [r["working_set_mib"] for r in rows if "@" not in r["run"]]
+    if not plain:
+        raise SystemExit(f"{name}: a budget relative to the runs before it needs one without a parameter.")
+    least = min(plain)
+    return f"{run_name}@{float(param[:-1]) * least / 1024:.4f}"
 
 
 def _seam_map(diff, path: Path, gain: float = 5.0) -> None:
@@ -162,17 +181,18 @@ def plans(a, family_name: str, folder: Path) -> None:
 GIB = 1 << 30
 
 
-def main(argv=None, op: str = "decode", predict: bool = False) -> None:
+def main(argv=None, op: str = "decode", predict: bool = False, face: bool = False) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", default="kl", help=f"comma list of {', '.join(FAMILIES)}")
+    p.add_argument("--family", default="wan" if face else "kl", help=f"comma list of {', '.join(FAMILIES)}")
     p.add_argument("--size", help="HxWxT pixels and frames, comma list (default: the family's)")
-    p.add_argument("--kinds", default="one_pass,exact" if predict else "one_pass,default,fast,exact,diffusers",
+    kinds = "diffusers,face,face@0.25x" if face else "one_pass,exact" if predict else "one_pass,default,fast,exact,diffusers"
+    p.add_argument("--kinds", default=kinds,
                    help="runs, comma list (bench/harness/runs.py); NAME@P gives a run its parameter")
     p.add_argument("--tile", help="our tile in pixels, TILE or TILE/OVERLAP (default: the family's)")
     p.add_argument("--budget", default="4", help="GB for the budget runs that name none")
     p.add_argument("--repeat", type=int, default=1, help="timed calls per run (no warm-up)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--op", default=op, choices=("decode", "encode"))
+    p.add_argument("--op", default="decode,encode" if face else op, help="decode, encode, or both (decode,encode)")
     p.add_argument("--predict", action="store_true", default=predict, help="the planner's prediction beside")
     p.add_argument("--plans", help="GB budgets, comma list: print the plans only")
     p.add_argument("--device", default="cpu", help="--plans: the device planned for")
@@ -189,6 +209,9 @@ def main(argv=None, op: str = "decode", predict: bool = False) -> None:
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
+    ops = a.op.split(",")
+    if set(ops) - {"decode", "encode"}:
+        p.error(f"--op: decode, encode or decode,encode, not {a.op}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="vaekit-bench-") as tmp:
         for name in a.family.split(","):
@@ -206,7 +229,9 @@ def main(argv=None, op: str = "decode", predict: bool = False) -> None:
                                 json.dumps(shape(FAMILIES[name], a.op, size)), "--tile", a.tile or ""])
                 continue
             for size in (a.size or FAMILIES[name].size).split(","):
-                rows += table(a, name, size, folder)
+                for op in ops:
+                    a.op = op
+                    rows += table(a, name, size, folder)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 

@@ -2,6 +2,7 @@
 
     decode       decode table: our runs beside diffusers and ComfyUI core, one family or several (decode.py)
     encode       the same for encodes, budgets included (decode.py)
+    face         diffusers' class beside vae.diffusers' face on the same file, with and without a budget (decode.py)
     budget       decode table with the planner's predictions; ``--plans GB``: the plans only (decode.py)
     framewise    temporal tiles against one pass, ours and diffusers', per frame (framewise.py)
     roundtrip    encode + decode of the sample photo on real weights (TAEF2), PSNR (framewise.py)
@@ -17,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 KINDS = {"decode": ("decode", {}), "encode": ("decode", {"op": "encode"}), "budget": ("decode", {"predict": True}),
+         "face": ("decode", {"face": True}),
          "framewise": ("framewise", {}), "roundtrip": ("framewise", {"roundtrip": True}),
          "compile": ("compile", {}), "distributed": ("distributed", {}), "cache": ("cache", {})}
 

@@ -8,8 +8,9 @@ the causal caches, ``overlap`` two latent frames a chunk sharing one (blended), 
 ``exact`` exact tiles (video: streamed one latent frame at a time), ``budget`` exact within a budget (the plan
 in ``a.info``), ``posterior`` (encode) mean and log-variance, ``compiled`` Compile VAE (inductor) with exact
 tiles after one warm-up call, ``stitch`` the model's own tiles stitched. References: ``diffusers`` (its
-tiling and frame-wise switches off), ``diffusers_tiled`` (enable_tiling; ``--diffusers-tile``), ``core``
-(comfy.sd.VAE), ``core_tiled`` (VAE Decode / Encode (Tiled)), ``core_sdpa`` (core with PyTorch attention).
+tiling and frame-wise switches off), ``diffusers_tiled`` (enable_tiling; ``--diffusers-tile``), ``face``
+(``vae.diffusers.load`` on diffusers' own file, called as diffusers' class is; ``face@GB``: within that
+budget), ``core`` (comfy.sd.VAE), ``core_tiled`` (VAE Decode / Encode (Tiled)), ``core_sdpa`` (core with PyTorch attention).
 A family adds its own (``Family.runs``, ``Family.core_patches``)."""
 from __future__ import annotations
 
@@ -110,6 +111,20 @@ def diffusers(a, folder: Path, shape):
     return model, lambda x: model.encode(x * 2 - 1).latent_dist.mean
 
 
+def face(a, folder: Path):
+    """vae.diffusers' face on the file diffusers' class loads, called as ``diffusers`` calls the class
+    (same input, same output convention); ``a.param``: the budget set at construction, GB."""
+    import torch
+    import vae
+    family = FAMILIES[a.family]
+    write_weights(family, folder)
+    f = vae.diffusers.load(folder / "diffusers.safetensors", budget=float(a.param) if a.param else None,
+                           dtype=torch.float32)
+    if a.op == "decode":
+        return f, lambda z: (f.decode(z).sample / 2 + 0.5).clamp_(0, 1)
+    return f, lambda x: f.encode(x * 2 - 1).latent_dist.mean
+
+
 def core_call(a, folder: Path):
     """comfy.sd.VAE on our file: its IMAGE [.., H, W, 3] back to our layout, clamped as we clamp."""
     from safetensors.torch import load_file
@@ -145,6 +160,8 @@ def build(a, folder: Path, shape):
         return family.runs[a.run](a, folder)
     if a.run.startswith("diffusers"):
         return diffusers(a, folder, shape)
+    if a.run == "face":
+        return face(a, folder)
     if a.run.startswith("core"):
         if a.run in family.core_patches:
             family.core_patches[a.run](a)

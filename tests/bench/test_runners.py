@@ -46,3 +46,28 @@ def test_a_decode_table_runs_each_run_in_its_own_process():
             if line.split()[:1] and line.split()[0] in ("one_pass", "exact@16", "diffusers")}
     assert "FAILED" not in out.stdout and set(rows) == {"one_pass", "exact@16", "diffusers"}, out.stdout + out.stderr
     assert float(rows["exact@16"][6]) < 1e-4 and float(rows["diffusers"][6]) < 1e-4     # max err vs one pass
+
+
+def test_a_relative_budget_is_a_share_of_the_least_one_pass_before_it():
+    import decode
+    rows = [dict(run="diffusers", working_set_mib=4096.0), dict(run="face", working_set_mib=2048.0),
+            dict(run="face@0.1", working_set_mib=100.0)]        # a run with a parameter is no one pass
+    assert decode._resolved("face@0.25x", rows) == "face@0.5000"
+    assert decode._resolved("face@1.5", rows) == "face@1.5" and decode._resolved("face", []) == "face"
+    with pytest.raises(SystemExit):
+        decode._resolved("face@0.25x", rows[2:])
+
+
+@pytest.mark.slow      # six processes, each loading an SD-shape VAE: about a minute of CPU
+def test_a_face_table_runs_diffusers_and_the_face_on_the_same_file():
+    """Decode then encode: diffusers' class, the face, the face within a budget, each its own process."""
+    pytest.importorskip("diffusers")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "face", "--family", "kl", "--size",
+                          "32x32x1", "--kinds", "diffusers,face,face@2"], capture_output=True, text=True)
+    tables = out.stdout.split("published config")[1:]
+    assert "FAILED" not in out.stdout and len(tables) == 2, out.stdout + out.stderr
+    for op, text in zip(("decode", "encode"), tables):
+        rows = {line.split()[0]: line.split() for line in text.splitlines()
+                if line.split()[:1] and line.split()[0] in ("diffusers", "face", "face@2")}
+        assert f"; {op} at" in text and set(rows) == {"diffusers", "face", "face@2"}, text
+        assert float(rows["face"][6]) < 1e-4 and float(rows["face@2"][6]) < 1e-4     # max err vs diffusers

@@ -186,3 +186,16 @@ def test_no_diffusers_import_at_run_time(kl_folder):
     out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=True,
                          cwd=str(__import__("helpers").ROOT))
     assert out.stdout.strip() == "False"
+
+
+def test_private_encode_gives_the_class_moments_where_the_class_has_it(case):
+    """``_encode`` (finetrainers' precompute caches its moments): ``[mean; log-variance]`` as the class's,
+    and absent where the class has none (AutoencoderTiny)."""
+    name, ref, path, px, _ = case
+    face = vae.diffusers.load(path)
+    if not hasattr(ref, "_encode"):
+        assert not hasattr(face, "_encode")
+        return
+    x = pixels(px)
+    with torch.no_grad():
+        close(face._encode(x), ref._encode(x))

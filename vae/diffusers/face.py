@@ -141,6 +141,16 @@ class Face(torch.nn.Module):
             result = Output(latents=self._out(family.out_of(handle, "latent", out, {})))
         return result if return_dict else result.to_tuple()
 
+    @property
+    def _encode(self):
+        """The classes' private ``_encode(x)``, which trainers call to cache the posterior's moments
+        (finetrainers' latent precompute): ``[mean; log-variance]`` in channels, as ``encode`` would wrap them
+        (the log-variance clamped, see ``DiagonalGaussianDistribution``). Only where the class has it: the
+        Gaussian classes, not AutoencoderTiny."""
+        if not self._family.posterior:
+            raise AttributeError(f"{self._family.class_name} has no _encode; call encode(x).latents.")
+        return lambda x: self.encode(x).latent_dist.parameters
+
     def decode(self, z: torch.Tensor, *args, **kwargs):
         """The class's decode: ``decode(z, return_dict=True, generator=None)`` (``generator`` accepted and
         unused, as by diffusers' deterministic decoders), or the class's own inputs (LTX-Video's ``temb``,
