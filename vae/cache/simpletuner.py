@@ -29,7 +29,10 @@ Sizes (``resolution_type: pixel``, ``crop: false``; TrainingSample.resize, Multi
 with the ``trainingsample`` package's resize (OpenCV's INTER_LINEAR: bilinear, no antialiasing), which
 we do in float and round (within one level of its 8-bit result), then the bucket is cut at the
 ``crop_style``'s place (``cropping.py``: centre ``int((inter - target) / 2)``, or corner 0, 0).
-Images only; EXIF orientation is not applied here (SimpleTuner applies it: ``correct_image``). ``area`` / ``pixel_area`` are refused: their
+Images only. Decoding: SimpleTuner decodes with ``trainingsample`` (image_manipulation/load.py
+``load_image``): PNG pixels equal Pillow's, alpha is dropped as Pillow's RGB conversion drops it, EXIF
+orientation is not applied (its ``exif_transpose`` meets an image without EXIF), as here; a JPEG's
+decoded pixels may differ from Pillow's by a few levels (another decoder). ``area`` / ``pixel_area`` are refused: their
 target size for an aspect ratio is the first one seen in the run (``StateTracker.get_resolution_by_aspect``
 / ``set_resolution_by_aspect``), so it depends on the order the files are read in. ``crop: true`` is refused
 (its crops are a random aspect or random place), and so is ``crop_style: random`` even with ``crop: false``:
