@@ -3,8 +3,13 @@ written with PyAV from still photos (bench/harness/clips.py), and a few still im
 VAE files (random weights) for the encodes."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from bench.harness.clips import pan, photos, write_video  # noqa: F401 (the tests use them through this module)
@@ -52,3 +57,15 @@ def diffusers_wan_posterior(x: torch.Tensor):
     with torch.no_grad():
         dist = tiny_reference("wan").encode(x * 2 - 1).latent_dist
     return dist.mean, dist.logvar
+
+
+def trainer_loader(env: str, script: str, tmp: Path) -> dict:
+    """The last line of ``script`` (JSON) run by a trainer's own code: ``env`` names its copy (skipped
+    without one), ``{PREFIX}_PYTHON`` the Python to run it with (default this one)."""
+    where = os.environ.get(env)
+    if not where:
+        pytest.skip(f"{env} names no copy of the trainer")
+    python = os.environ.get(env.split("_")[0] + "_PYTHON", sys.executable)
+    r = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=600, cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])

@@ -135,16 +135,6 @@ def test_several_processes_share_the_items_and_agree_with_one(data):
         assert (a - b).abs().max() <= 1e-5
 
 
-def _loader(env: str, script: str, tmp: Path) -> dict:
-    where = os.environ.get(env)
-    if not where:
-        pytest.skip(f"{env} names no copy of the trainer")
-    python = os.environ.get(env.split("_")[0] + "_PYTHON", sys.executable)
-    r = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=600, cwd=tmp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 def test_musubi_tuners_own_loader_batches_our_files(data):
     tmp, folder = data
     out = tmp / "musubi_loader"
@@ -153,7 +143,7 @@ def test_musubi_tuners_own_loader_batches_our_files(data):
     from safetensors.torch import save_file
     save_file({"varlen_t5_bfloat16": torch.zeros(3, 8, dtype=torch.bfloat16)}, str(out / "a_wan_te.safetensors"))
     src = Path(os.environ.get("MUSUBI_TUNER_DIR", ".")) / "src"
-    got = _loader("MUSUBI_TUNER_DIR", f"""
+    got = cache_data.trainer_loader("MUSUBI_TUNER_DIR", f"""
 import json, sys
 sys.path.insert(0, {str(src)!r})
 from musubi_tuner.dataset.image_video_dataset import VideoDataset
@@ -171,7 +161,7 @@ def test_ltx2_trainers_own_loader_reads_our_files(data):
     root = tmp / "ltx_loader" / ".precomputed" / "latents"
     _cache(root, cache_data.vae_file(tmp, "ltx"), [folder / "a.mp4"], format="ltx2", buckets="64x32x9")
     src = Path(os.environ.get("LTX2_DIR", ".")) / "packages" / "ltx-trainer" / "src"
-    got = _loader("LTX2_DIR", f"""
+    got = cache_data.trainer_loader("LTX2_DIR", f"""
 import json, sys
 sys.path.insert(0, {str(src)!r})
 from ltx_trainer.datasets import PrecomputedDataset
@@ -288,7 +278,7 @@ def test_ltx2_forks_own_loader_batches_our_files(data):
     from safetensors.torch import save_file
     save_file({"text_bfloat16": torch.zeros(3, 8, dtype=torch.bfloat16)}, str(out / "a_ltx2_te.safetensors"))
     src = Path(os.environ.get("MUSUBI_LTX2_DIR", ".")) / "src"
-    got = _loader("MUSUBI_LTX2_DIR", f"""
+    got = cache_data.trainer_loader("MUSUBI_LTX2_DIR", f"""
 import json, sys
 sys.path.insert(0, {str(src)!r})
 from musubi_tuner.dataset.image_video_dataset import VideoDataset

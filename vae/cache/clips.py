@@ -44,6 +44,7 @@ class Crop:
     left: int
     top: int
     bucket: tuple[int, int]
+    resample: str = "lanczos"     # or "bilinear": OpenCV's INTER_LINEAR, no antialiasing (SimpleTuner's resize)
 
     @property
     def region(self) -> tuple[float, float, float, float]:

@@ -22,6 +22,8 @@ frame rate, ``target_fps`` and ``duration_seconds``.
 ``{"latents": [C, F', H', W'] bfloat16, "num_frames", "height", "width": ints (latent), "fps": float}``
 (plain tensors and numbers: its loader reads it with ``weights_only=True``); the normalised mean, as its
 encoder returns it.
+
+``simpletuner`` (SimpleTuner's VAE cache, images): its own module, ``simpletuner.py``, with its size rule.
 """
 from __future__ import annotations
 
@@ -115,6 +117,11 @@ class Format:
         return self.name
 
 
+def channel_stats(stats: tuple, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per-channel (mean, std) shaped to broadcast over ``z`` [C, ...]."""
+    return tuple(torch.tensor(v).view(-1, *([1] * (z.dim() - 1))) for v in stats)
+
+
 def _unbatched(z: torch.Tensor) -> torch.Tensor:
     return z[0].contiguous() if z.dim() >= 4 and z.shape[0] == 1 else z.contiguous()
 
@@ -175,7 +182,7 @@ class Musubi(Format):
         return Path(f"{item.name}{clip}_{w:04d}x{h:04d}_{self.arch.short}{self.suffix}")
 
     def _stats(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return tuple(torch.tensor(v).view(-1, *([1] * (z.dim() - 1))) for v in self.arch.normalise)
+        return channel_stats(self.arch.normalise, z)
 
     def latent(self, mean: torch.Tensor) -> torch.Tensor:
         z = _unbatched(mean).float()
@@ -248,6 +255,7 @@ FORMATS: dict[str, Callable[..., Format]] = {"vaekit": VAEKit, "ltx2": LTX2}
 
 
 def make(name: str, arch: Optional[str] = None, dtype: Optional[torch.dtype] = None) -> Format:
+    """The format ``name`` (``simpletuner`` is made from the run's options: simpletuner.from_options)."""
     if name == "musubi":
         if not arch:
             raise InputError("the musubi format needs musubi-tuner's architecture.", input="--arch",
@@ -255,7 +263,7 @@ def make(name: str, arch: Optional[str] = None, dtype: Optional[torch.dtype] = N
         return Musubi(arch, dtype)
     if name not in FORMATS:
         raise InputError(f"unknown cache format {name!r}.", input="--format",
-                         fix="use vaekit (ours: mean and log-variance), musubi (with --arch) or ltx2.")
+                         fix="use vaekit (ours: mean and log-variance), musubi (with --arch), ltx2 or simpletuner.")
     return FORMATS[name](dtype)
 
 

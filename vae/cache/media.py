@@ -82,9 +82,21 @@ def probe(path: Path, threads: int = 2) -> Probe:
         raise MediaError(f"cannot read the video: {type(e).__name__}: {e}") from None
 
 
+def _bilinear(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 [H, W, 3] resized to ``size`` (W, H) as OpenCV's INTER_LINEAR does it (pixel centres, edges
+    clamped, no antialiasing when shrinking), rounded back to uint8; OpenCV's fixed-point sums may round
+    one level differently."""
+    x = torch.from_numpy(np.array(rgb)).permute(2, 0, 1)[None].float()      # a copy: PIL arrays are read-only
+    y = torch.nn.functional.interpolate(x, size=(size[1], size[0]), mode="bilinear", align_corners=False)
+    return y[0].round_().clamp_(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
+
+
 def fit_frame(rgb: np.ndarray, crop: Crop) -> np.ndarray:
-    """uint8 [H, W, 3] -> uint8 [bucket H, bucket W, 3]: scaled to cover (Lanczos), cut at the centre."""
+    """uint8 [H, W, 3] -> uint8 [bucket H, bucket W, 3]: scaled to ``crop.scaled`` (Lanczos, or the
+    crop's ``resample``), then cut at ``crop.left``, ``crop.top``."""
     from PIL import Image
+    if (rgb.shape[1], rgb.shape[0]) != crop.scaled and crop.resample == "bilinear":
+        rgb = _bilinear(rgb, crop.scaled)
     im = Image.fromarray(rgb)
     if im.size != crop.scaled:
         im = im.resize(crop.scaled, Image.LANCZOS)
@@ -98,14 +110,17 @@ def to_clip(frames: Sequence[np.ndarray]) -> torch.Tensor:
     return a.permute(3, 0, 1, 2).float().div_(255.0)
 
 
-def read_image(path: Path, bucket: Bucket) -> tuple[torch.Tensor, Crop]:
+def read_image(path: Path, bucket: Bucket, crop: Optional[Crop] = None) -> tuple[torch.Tensor, Crop]:
+    """The image fitted into ``bucket`` (``crop``: a planned cut of a source of that size, else to cover
+    and centre)."""
     from PIL import Image
     try:
         with Image.open(path) as im:
             rgb = np.asarray(im.convert("RGB"))
     except Exception as e:     # noqa: BLE001
         raise MediaError(f"cannot read the image: {e}") from None
-    crop = crop_for((rgb.shape[1], rgb.shape[0]), bucket)
+    size = (rgb.shape[1], rgb.shape[0])
+    crop = crop if crop is not None and crop.source == size else crop_for(size, bucket)
     return to_clip([fit_frame(rgb, crop)]), crop
 
 

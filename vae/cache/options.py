@@ -21,9 +21,9 @@ class CacheOptions:
     vae: str
     inputs: list[str]
     output: Optional[str] = None           # the cache folder (a musubi-tuner config's cache_directory wins)
-    format: str = "vaekit"                 # vaekit | musubi | ltx2
+    format: str = "vaekit"                 # vaekit | musubi | ltx2 | simpletuner
     arch: Optional[str] = None             # musubi-tuner's architecture (wan, hv, hv15, qi, f2d, ...)
-    resolution: Optional[str] = None       # WxH: buckets of this area (musubi-tuner's rule)
+    resolution: Optional[str] = None       # WxH: buckets of this area (musubi-tuner's rule); simpletuner: pixels
     buckets: Optional[str] = None          # 'WxHxF;...': explicit buckets (LTX-2's trainer's rule)
     bucket_step: Optional[int] = None      # pixels; default: 16 (musubi), 32 (ltx2), the VAE's ratio (vaekit)
     enable_bucket: bool = True
@@ -49,6 +49,14 @@ class CacheOptions:
     prune: bool = False
     seed: int = 0
     quiet: bool = False
+    # simpletuner: its config's model_family and the dataset's settings, as its dataloader config names them
+    model_family: Optional[str] = None
+    resolution_type: str = "pixel"
+    crop: bool = False
+    crop_style: Optional[str] = None
+    aspect_bucket_alignment: Optional[int] = None
+    id: Optional[str] = None
+    instance_data_dir: Optional[str] = None
     extra: dict = field(default_factory=dict)
 
     def check(self) -> "CacheOptions":

@@ -26,7 +26,7 @@ from ..engine import budget as planner
 from ..errors import InputError, VAEKitError
 from ..files import outputs
 from ..handle import _out_of_memory
-from . import formats, manifest, media, posterior
+from . import formats, manifest, media, posterior, simpletuner
 from .clips import Bucket, Buckets, ClipPlan, Crop, Frames, check_bucket, crop_for, frame_rule, parse_buckets, \
     parse_size, plan_clips, steps
 from .datasets import Dataset, gather
@@ -66,6 +66,7 @@ class Work:
     refused: list[tuple[Clip, str]] = field(default_factory=list)     # clips whose output may not be written
     error: Optional[str] = None
     fingerprint: dict = field(default_factory=dict)
+    metadata: Optional[dict] = None     # what a format records of the source beside its files (simpletuner)
 
 
 @dataclass
@@ -109,7 +110,9 @@ class Runner:
                              fix="load the file with the encoder (or the pair).")
         if not opts.arch and opts.format == "musubi":
             opts.arch = formats.default_arch(self.vae)
-        self.format = formats.make(opts.format, opts.arch, DTYPES[opts.save_dtype] if opts.save_dtype else None)
+        save_dtype = DTYPES[opts.save_dtype] if opts.save_dtype else None
+        self.format = simpletuner.from_options(opts, save_dtype) if opts.format == "simpletuner" else \
+            formats.make(opts.format, opts.arch, save_dtype)
         self.format.check(self.vae)
         caps = self.vae.caps
         own = self.vae.clip_frames if caps.own_tiling is not None else None
@@ -203,12 +206,24 @@ class Runner:
             w.error = str(e) if isinstance(e, media.MediaError) else f"cannot read the file: {e.strerror or e}"
             return
         video = media.kind(w.source) == "video"
+        if video and getattr(self.format, "no_videos", None):
+            w.error = self.format.no_videos
+            return
         if video and not getattr(getattr(self.format, "arch", None), "videos", True):
             w.error = f"{self.format.describe()} trains on images; this video is not written"
             return
         b = (w.dataset.video_buckets if video and w.dataset.video_buckets else w.dataset.buckets) or buckets
         fr = w.dataset.frames or frames
-        w.bucket = b.choose(w.probe.size, w.probe.frames if video else None)
+        place = getattr(self.format, "place", None)       # a format with its trainer's own size rule
+        if place is not None:
+            try:
+                p = place(w.probe.size, self.multiple)
+            except ValueError as e:
+                w.error = str(e)
+                return
+            w.bucket, w.crop, w.metadata = p.bucket, p.crop, p.metadata
+        else:
+            w.bucket = b.choose(w.probe.size, w.probe.frames if video else None)
         if w.bucket is None:
             w.error = f"no bucket has {w.probe.frames} frames or fewer"
             return
@@ -218,7 +233,7 @@ class Runner:
         if w.bucket.width % self.multiple or w.bucket.height % self.multiple:
             w.error = f"bucket {w.bucket} is not a multiple of {self.multiple} px (the VAE's ratio)"
             return
-        w.crop = crop_for(w.probe.size, w.bucket)
+        w.crop = w.crop or crop_for(w.probe.size, w.bucket)
         if video:
             plans = plan_clips(w.probe.frames, fr, self.fit, w.probe.fps, w.bucket.frames)
             fps = fr.fps if fr.fps and w.probe.fps and fr.fps < (fr.source_fps or w.probe.fps) else \
@@ -364,7 +379,7 @@ class Runner:
         """The to-do clips of a source with their pixels, read on a thread one clip ahead of the encoder."""
         todo = [c.plan for c in w.todo]
         if media.kind(w.source) == "image":
-            x, _ = media.read_image(w.source, w.bucket)
+            x, _ = media.read_image(w.source, w.bucket, w.crop)
             yield todo[0], x
             return
         q: queue.Queue = queue.Queue(maxsize=1)
@@ -577,6 +592,8 @@ def _run(r: Runner, procs: list) -> CacheResult:
                         f.unlink()
                         m.records.pop(out)
             m.save()
+        if hasattr(r.format, "metadata_files"):
+            _write_metadata_files(r, works)
         current = {(w.root, c.output) for w in works for c in w.clips} | \
             {(w.root, f"source:{w.relative.as_posix()}") for w in works}
         for root, m in r.manifests.items():
@@ -593,6 +610,24 @@ def _run(r: Runner, procs: list) -> CacheResult:
         result.written, result.failed = total_written, total_failed
         r.say(result.summary())
     return result
+
+
+def _write_metadata_files(r: Runner, works: list[Work]) -> None:
+    """A format's files of the whole dataset beside the items (simpletuner: its bucket and size JSONs), of
+    the sources whose items are all cached; each in the cache folder, never over a file the cache did not
+    write (recorded in the manifest with its size, as the items are)."""
+    for root, m in r.manifests.items():
+        entries = [(w.dataset.root, w.relative, w.metadata) for w in works
+                   if w.root == root and w.metadata and w.clips
+                   and all(m.records.get(c.output, {}).get("status") == "done" for c in w.clips)]
+        for name, data in r.format.metadata_files(entries).items():
+            why = m.refusal(name)
+            if why:
+                r.say(f"not written: {name}: {why}")
+                continue
+            manifest.write_json_atomic(root / name, data)
+            m.add({"output": name, "status": "metadata", "bytes": (root / name).stat().st_size})
+        m.save()
 
 
 def _dry_run(r: Runner, works: list[Work], todo: list[Work]) -> None:

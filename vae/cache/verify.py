@@ -58,7 +58,7 @@ def verify(r, works, n: int) -> list[str]:
 
 def _read(w, plan):
     if media.kind(w.source) == "image":
-        x, _ = media.read_image(w.source, w.bucket)
+        x, _ = media.read_image(w.source, w.bucket, w.crop)
         yield plan, x
         return
     yield from media.read_clips(w.source, [plan], w.crop)

@@ -21,9 +21,10 @@ def add(command, quiet: dict) -> None:
                                              "configs (.toml)")
     s.add_argument("--vae", required=True, help="the VAE file")
     s.add_argument("-o", "--output", help="the cache folder (a musubi-tuner config's cache_directory wins)")
-    s.add_argument("--format", choices=("vaekit", "musubi", "ltx2"), default="vaekit",
+    s.add_argument("--format", choices=("vaekit", "musubi", "ltx2", "simpletuner"), default="vaekit",
                    help="vaekit: mean and log-variance (ours); musubi: musubi-tuner's files (--arch); ltx2: LTX-2's "
-                        "trainer's .pt files (default: %(default)s)")
+                        "trainer's .pt files; simpletuner: SimpleTuner's VAE cache, images (--model-family) "
+                        "(default: %(default)s)")
     s.add_argument("--arch", help="musubi-tuner's architecture: wan, hv, hv15, qi, f2d, f2k4b, f2k9b, or ltx2 (the "
                                   "LTX-2 fork's; named, never the default) (default: the one this VAE's latents train)")
     g = s.add_argument_group("buckets")
@@ -36,6 +37,20 @@ def add(command, quiet: dict) -> None:
     g.add_argument("--no-bucket", dest="enable_bucket", action="store_false",
                    help="one bucket: the --resolution itself")
     g.add_argument("--no-upscale", action="store_true", help="a smaller source keeps its size (rounded to the step)")
+    g = s.add_argument_group("simpletuner", "SimpleTuner's settings, as its config and dataloader config name them "
+                                            "(--resolution: its pixel resolution, e.g. 1024)")
+    g.add_argument("--model-family", help="its model_family: sdxl, flux, qwen_image, wan, ltxvideo, ltxvideo2")
+    g.add_argument("--resolution-type", default="pixel", help="pixel (area and pixel_area are refused: their sizes "
+                                                              "depend on SimpleTuner's file order)")
+    g.add_argument("--crop", action="store_true", help="crop: true (refused: its crops are unseeded)")
+    g.add_argument("--crop-style", choices=("center", "corner", "random"),
+                   help="where the bucket is cut from the resize: center or corner (random is refused: unseeded)")
+    g.add_argument("--aspect-bucket-alignment", type=int,
+                   help="bucket sizes are multiples of this (default: what SimpleTuner enforces for the family: "
+                        "64 sdxl/flux/ltxvideo, 32 qwen_image/wan)")
+    g.add_argument("--id", help="the dataset's id (names its aspect_ratio_bucket_*_{id}.json files)")
+    g.add_argument("--instance-data-dir", help="the dataset's instance_data_dir as its config gives it (the paths in "
+                                               "the JSON files; default: the input folder)")
     g = s.add_argument_group("frames")
     g.add_argument("--frames", type=_frames, default=(1,), help="clip lengths in frames, e.g. 1,25,49; each is "
                    "rounded down to the VAE's frame rule (1+4k Wan/HunyuanVideo, 1+8k LTX) (default: 1)")

@@ -1,0 +1,248 @@
+"""``--format simpletuner``: SimpleTuner's VAE cache, checked against facts recorded from its code
+(bghira/SimpleTuner bc8e6ab7: helpers/caching/vae.py generate_vae_cache_filename and encode_images,
+models/foundation_mixins.py scale_vae_latents_for_cache, models/qwen_image/model.py, models/wan/__init__.py,
+models/ltxvideo/__init__.py, multiaspect/image.py calculate_new_size_by_pixel_edge,
+image_manipulation/training_sample.py, metadata/backends/discovery.py), the latents against diffusers'
+models on the same weights, and, where SIMPLETUNER_DIR names a checkout of it (SIMPLETUNER_PYTHON: the
+Python to run it with), its own TrainingSample, cache-name function and loader on our files."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import cache_data
+from helpers import diffusers_kl
+
+pytest.importorskip("av")
+
+from vae.cache import media  # noqa: E402
+from vae.cache.formats import WAN21_MEAN, WAN21_STD  # noqa: E402
+from vae.cache.runner import CacheOptions, run  # noqa: E402
+from vae.cache.simpletuner import SimpleTuner, pixel_edge  # noqa: E402
+from vae.errors import InputError  # noqa: E402
+
+
+def _sha(stem: str) -> str:
+    return hashlib.sha256(stem.encode()).hexdigest() + ".pt"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("simpletuner")
+    folder = cache_data.make_dataset(tmp / "data", videos=(("a.mp4", 5, (64, 48)),), images=(("d.png", (100, 60)),))
+    cache_data.make_dataset(folder / "sub", videos=(), images=(("e.png", (50, 80)),))
+    return tmp, folder
+
+
+def _kl_file(tmp: Path, channels: int) -> tuple[Path, torch.nn.Module]:
+    ref = diffusers_kl(latent_channels=channels)
+    path = tmp / f"kl{channels}.safetensors"
+    if not path.exists():
+        save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
+    return path, ref
+
+
+def _run(out, vae_path, inputs, **kw):
+    said = []
+    kw = {"format": "simpletuner", "resolution": "64", "crop_style": "center", **kw}
+    res = run(CacheOptions(vae=str(vae_path), inputs=[str(i) for i in inputs], output=str(out), **kw), say=said.append)
+    return res, said
+
+
+def test_pixel_sizes_follow_its_pixel_edge_rule():
+    # worked by hand from calculate_new_size_by_pixel_edge and calculate_target_size: (target, intermediary, aspect)
+    assert pixel_edge((100, 60), 64, 16) == ((112, 64), (112, 67), 1.75)     # width 106 -> 112; covers by height
+    assert pixel_edge((50, 80), 64, 16) == ((64, 96), (64, 102), 0.67)       # aspect 0.625 rounds (half even) to 0.62
+    assert pixel_edge((640, 480), 1024, 64) == ((1344, 1024), (1365, 1024), 1.31)
+    assert pixel_edge((101, 100), 64, 16) == ((64, 64), (64, 64), 1.0)       # aspect 1.0: the resolution square
+    assert pixel_edge((100, 60), 64, 32) == ((96, 64), (106, 64), 1.5)
+
+
+# per model_family: (stored shape for d.png, dtype, our latent -> stored), from its code as cited above
+def _kl(scale, shift=0.0):
+    return lambda z: (z - shift) * scale
+
+
+def _wan(z):
+    shape = (-1,) + (1,) * (z.dim() - 1)
+    return (z - torch.tensor(WAN21_MEAN).view(shape)) / torch.tensor(WAN21_STD).view(shape)
+
+
+FACTS = {
+    "sdxl": ((4, 32, 64), torch.bfloat16, _kl(0.13025)),             # sample * scaling_factor
+    "flux": ((16, 32, 64), torch.bfloat16, _kl(0.3611, 0.1159)),     # (sample - shift_factor) * scaling_factor
+    "qwen_image": ((16, 8, 12), torch.bfloat16, _wan),               # normalised sample, frame axis dropped
+    "wan": ((16, 1, 8, 12), torch.bfloat16, _wan),                   # mode of the normalised posterior
+    "ltxvideo": ((128, 1, 2, 4), torch.float32, lambda z: z),         # normalised (our LATENT is), float32
+}
+
+
+def _reference(family: str, tmp: Path):
+    """(our VAE file, the diffusers posterior mean of clips [1, 3, F, H, W] in 0..1 as a function)."""
+    if family in ("sdxl", "flux"):
+        path, ref = _kl_file(tmp, 4 if family == "sdxl" else 16)
+        return path, lambda x: ref.encode(x[:, :, 0] * 2 - 1).latent_dist.mean[0]
+    if family in ("wan", "qwen_image"):
+        return cache_data.vae_file(tmp, "wan"), lambda x: cache_data.diffusers_wan_posterior(x)[0][0]
+    from video_families import tiny_reference
+    tiny = tiny_reference("ltx2")
+    torch.manual_seed(0)
+    ref = type(tiny).from_config({**tiny.config, "latent_channels": 128}).eval()
+    path = cache_data.ltx2_vae_file(tmp)
+
+    def mean(x):
+        z = ref.encode(x * 2 - 1).latent_dist.mean[0]
+        return (z - ref.latents_mean.view(-1, 1, 1, 1)) / ref.latents_std.view(-1, 1, 1, 1)
+    return path, mean
+
+
+@pytest.mark.parametrize("family", sorted(FACTS))
+def test_files_are_named_and_hold_what_its_cache_stores(data, family):
+    tmp, folder = data
+    shape, dtype, stored_from = FACTS[family]
+    vae_path, reference = _reference(family, tmp)
+    out = tmp / f"out_{family}"
+    res, said = _run(out, vae_path, [folder], model_family=family)
+    assert res.written == 2 and res.failed == 1, said
+    assert any("a.mp4" in s and "images only" in s for s in said)
+    # {cache_dir}/{folders below instance_data_dir}/{sha256(stem)}.pt
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.pt")) == sorted(
+        [_sha("d"), f"sub/{_sha('e')}"])
+    z = torch.load(str(out / _sha("d")), map_location="cpu", weights_only=True)
+    assert type(z) is torch.Tensor and z.dtype == dtype and tuple(z.shape) == shape
+    fmt = SimpleTuner(family, resolution="64", crop_style="center")
+    place = fmt.place((100, 60), 1)
+    x, _ = media.read_image(folder / "d.png", place.bucket, place.crop)
+    with torch.no_grad():
+        expected = stored_from(reference(x.unsqueeze(0)).float()).reshape(shape)
+    # two steps of the stored dtype's rounding (bfloat16: 2 ** -8 relative), on the largest value
+    tol = (8e-3 if dtype == torch.bfloat16 else 1e-4) * float(expected.abs().max()) + 1e-5
+    assert (z.float() - expected).abs().max() <= tol
+
+
+def test_metadata_files_hold_its_bucket_indices_and_sizes(data):
+    tmp, folder = data
+    out = tmp / "meta"
+    res, said = _run(out, _kl_file(tmp, 16)[0], [folder], model_family="flux", aspect_bucket_alignment=16, id="mine",
+                     instance_data_dir="datasets/photos")
+    assert res.written == 2, said
+    indices = json.loads((out / "aspect_ratio_bucket_indices_mine.json").read_text())
+    assert indices == {"config": {"resolution": 64, "resolution_type": "pixel", "crop": False, "crop_style": "center"},
+                       "aspect_ratio_bucket_indices": {"1.75": ["datasets/photos/d.png"],
+                                                       "0.67": [os.path.join("datasets/photos", "sub", "e.png")]}}
+    meta = json.loads((out / "aspect_ratio_bucket_metadata_mine.json").read_text())
+    assert meta["datasets/photos/d.png"] == {"original_size": [100, 60], "crop_coordinates": [1, 0],
+                                             "target_size": [112, 64], "intermediary_size": [112, 67],
+                                             "aspect_ratio": 1.75}
+    assert meta[os.path.join("datasets/photos", "sub", "e.png")]["crop_coordinates"] == [3, 0]     # (top, left)
+    z = torch.load(str(out / _sha("d")), weights_only=True)
+    assert tuple(z.shape) == (16, 32, 56)           # the 112 x 64 bucket, / 2 (the tiny VAE's ratio)
+
+
+@pytest.mark.parametrize("kw, word", [
+    ({"model_family": None}, "model_family"),
+    ({"model_family": "hidream"}, "model_family"),
+    ({"model_family": "flux", "resolution_type": "area"}, "file order"),
+    ({"model_family": "flux", "resolution_type": "pixel_area"}, "file order"),
+    ({"model_family": "flux", "crop": True}, "unseeded"),
+    ({"model_family": "flux", "crop_style": "random"}, "unseeded"),
+    ({"model_family": "flux", "crop_style": None}, "unseeded"),
+    ({"model_family": "flux", "resolution": "64x64"}, "one number"),
+    ({"model_family": "sdxl"}, "4 channels"),                  # a 16-channel VAE named as SDXL's
+    ({"model_family": "flux", "id": "../x"}, "dataset id"),
+])
+def test_what_it_cannot_make_exactly_is_refused(data, kw, word):
+    tmp, folder = data
+    with pytest.raises(InputError, match=word):
+        _run(tmp / "refused", _kl_file(tmp, 16)[0], [folder / "d.png"], **kw)
+
+
+def test_a_rerun_redoes_only_what_changed_and_keeps_foreign_files(data, tmp_path):
+    tmp, folder = data
+    vae_path = _kl_file(tmp, 16)[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "aspect_ratio_bucket_metadata_ds.json").write_text("mine")
+    res, said = _run(out, vae_path, [folder], model_family="flux", id="ds")
+    assert res.written == 2 and any("not written: aspect_ratio_bucket_metadata_ds.json" in s for s in said)
+    assert (out / "aspect_ratio_bucket_metadata_ds.json").read_text() == "mine"
+    assert json.loads((out / "aspect_ratio_bucket_indices_ds.json").read_text())["config"]["crop_style"] == "center"
+    res, said = _run(out, vae_path, [folder], model_family="flux", id="ds")
+    assert (res.written, res.skipped) == (0, 2), said
+    res, said = _run(out, vae_path, [folder], model_family="flux", id="ds", crop_style="corner")
+    assert res.written == 2, said         # the cut moved: both written again, and the JSON with them
+    assert json.loads((out / "aspect_ratio_bucket_indices_ds.json").read_text())["config"]["crop_style"] == "corner"
+
+
+def test_two_sources_of_one_stem_are_one_file_and_fail(tmp_path):
+    from PIL import Image
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("x.png", "x.jpg"):
+        Image.new("RGB", (64, 64), (10, 20, 30)).save(folder / name)
+    res, said = _run(tmp_path / "out", _kl_file(tmp_path, 16)[0], [folder], model_family="flux")
+    assert (res.written, res.failed) == (1, 1) and any("also another source's" in s for s in said)
+
+
+def test_simpletuners_own_code_sizes_names_and_reads_our_files(data):
+    tmp, folder = data
+    out = tmp / "own"
+    res, said = _run(out, _kl_file(tmp, 16)[0], [folder], model_family="flux", aspect_bucket_alignment=16, id="ds")
+    assert res.written == 2, said
+    fmt = SimpleTuner("flux", resolution="64", crop_style="center", alignment=16)
+    ours = {}
+    for rel in ("d.png", "sub/e.png"):
+        from PIL import Image
+        with Image.open(folder / rel) as im:
+            place = fmt.place(im.size, 1)
+        x, _ = media.read_image(folder / rel, place.bucket, place.crop)
+        ours[rel] = (place.metadata, (x[:, 0] * 255).round().to(torch.uint8).permute(1, 2, 0).tolist())
+    (tmp / "ours.json").write_text(json.dumps(ours))
+    st = os.environ.get("SIMPLETUNER_DIR", ".")
+    got = cache_data.trainer_loader("SIMPLETUNER_DIR", f"""
+import importlib.machinery, importlib.util, json, sys, types
+from types import SimpleNamespace
+import numpy as np, torch
+from PIL import Image
+sys.path.insert(0, {st!r})
+from simpletuner.helpers.training.state_tracker import StateTracker
+from simpletuner.helpers.data_backend.local import LocalDataBackend
+if importlib.util.find_spec("torchvision") is None:
+    # a stand-in: the size, resize and crop code never calls torchvision (only a model's transforms do)
+    tv = types.ModuleType("torchvision"); tv.transforms = types.ModuleType("torchvision.transforms")
+    tv.__spec__ = importlib.machinery.ModuleSpec("torchvision", None)
+    sys.modules["torchvision"] = tv; sys.modules["torchvision.transforms"] = tv.transforms
+from simpletuner.helpers.image_manipulation.training_sample import TrainingSample
+from simpletuner.helpers.caching.vae import VAECache
+StateTracker.set_args(SimpleNamespace(aspect_bucket_alignment=16, aspect_bucket_rounding=2))
+StateTracker.set_data_backend_config("ds", {{"resolution": 64, "resolution_type": "pixel", "crop": False,
+                                            "crop_style": "center"}})
+ours = json.load(open({str(tmp / 'ours.json')!r}))
+cache = SimpleNamespace(image_data_backend=None, hash_filenames=True, cache_dir={str(out)!r},
+                        instance_data_dir={str(folder)!r})
+backend = LocalDataBackend(accelerator=None, id="ds")
+result = {{}}
+for rel, (meta, pixels) in ours.items():
+    path = {str(folder)!r} + "/" + rel
+    im = Image.open(path)
+    p = TrainingSample(image=im, data_backend_id="ds", image_metadata={{"original_size": im.size}}, image_path=path,
+                       model=None).prepare()
+    theirs = np.asarray(p.image).astype(int)
+    name = VAECache.generate_vae_cache_filename(cache, path)[0]
+    z = backend.torch_load(name)
+    result[rel] = {{"sizes": [list(p.target_size), list(p.intermediary_size), list(p.crop_coordinates), p.aspect_ratio],
+                   "ours": [meta["target_size"], meta["intermediary_size"], meta["crop_coordinates"],
+                            meta["aspect_ratio"]],
+                   "pixels": int(np.abs(theirs - np.array(pixels)).max()), "tensor": [str(z.dtype), list(z.shape)]}}
+print(json.dumps(result))
+""", tmp)
+    for rel, r in got.items():
+        assert r["sizes"] == r["ours"], rel
+        assert r["pixels"] <= 1, rel          # its 8-bit OpenCV bilinear against ours, rounded: one level at most
+        assert r["tensor"][0] == "torch.bfloat16" and len(r["tensor"][1]) == 3, rel

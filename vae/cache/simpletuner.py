@@ -1,0 +1,299 @@
+"""``simpletuner``: SimpleTuner's VAE cache (its ``VAECache``, read at bghira/SimpleTuner bc8e6ab7).
+
+Files: ``{cache_dir_vae}/{subfolders}/{sha256(stem)}.pt``, ``stem`` the source's file name without its
+extension and ``subfolders`` its folder below the dataset's ``instance_data_dir``
+(helpers/caching/vae.py ``generate_vae_cache_filename``; the factory always hashes the names,
+data_backend/factory.py ``hash_filenames=True  # always enabled``). Each file is ``torch.save`` of one
+tensor (data_backend/local.py ``torch_save``, uncompressed by default): for LTX the dict its encode makes is
+cut down to its ``latents`` before the write (``_write_latents_in_batch`` keeps the dict only for audio).
+
+What the tensor holds, per ``model_family`` (its ``encode_images``, the model's pre/post-encode hooks and
+``VaeLatentScalingMixin.scale_vae_latents_for_cache``, which every image and video model inherits):
+
+- ``sdxl``: a sample of the posterior times the VAE config's ``scaling_factor`` (0.13025), [C, H, W];
+- ``flux``: (sample - ``shift_factor`` 0.1159) * ``scaling_factor`` 0.3611, [C, H, W];
+- ``qwen_image``: a sample, (z - latents_mean) / latents_std per channel, the frame axis dropped, [C, H, W]
+  (qwen_image/model.py ``post_vae_encode_transform_sample``; its VAE config has no scaling factor);
+- ``wan``: the mode of the posterior normalised by the same statistics (models/wan ``compute_wan_posterior``,
+  ``posterior.mode()``), [C, 1, H, W] for an image;
+- ``ltxvideo`` / ``ltxvideo2``: a sample, (z - latents_mean) * scaling_factor / latents_std with the
+  VAE's own statistics (``normalize_ltx_latents``, ``normalize_ltx2_latents``: float32, ``.float()``
+  inside), [C, 1, H, W]; the scaling factor is the VAE config's, 1.0 (the class default) for both.
+
+The dtype is the VAE's (``StateTracker.get_vae_dtype``: ``--vae_dtype``, bf16 unless fp32 is asked), but
+LTX's normalisation returns float32. We store the posterior's mean where SimpleTuner stores an unseeded
+sample (SDXL, Flux, Qwen-Image, LTX): one of the latents its cache could hold, the noise-free one.
+
+Sizes (``resolution_type: pixel``, ``crop: false``; TrainingSample.resize, MultiaspectImage
+``calculate_new_size_by_pixel_edge``): see ``pixel_edge``; the source is resized to the intermediary size
+with the ``trainingsample`` package's resize (OpenCV's INTER_LINEAR: bilinear, no antialiasing), which
+we do in float and round (within one level of its 8-bit result), then the bucket is cut at the
+``crop_style``'s place (``cropping.py``: centre ``int((inter - target) / 2)``, or corner 0, 0).
+Images only. Decoding: SimpleTuner decodes with ``trainingsample`` (image_manipulation/load.py
+``load_image``): PNG pixels equal Pillow's, alpha is dropped as Pillow's RGB conversion drops it, EXIF
+orientation is not applied (its ``exif_transpose`` meets an image without EXIF), as here; a JPEG's
+decoded pixels may differ from Pillow's by a few levels (another decoder). ``area`` / ``pixel_area`` are refused: their
+target size for an aspect ratio is the first one seen in the run (``StateTracker.get_resolution_by_aspect``
+/ ``set_resolution_by_aspect``), so it depends on the order the files are read in. ``crop: true`` is refused
+(its crops are a random aspect or random place), and so is ``crop_style: random`` even with ``crop: false``:
+the few pixels between the intermediary size and the bucket are cut at a random place, unseeded.
+
+Beside the latents it writes, in the cache folder, the two JSON files its metadata backend keeps in the
+dataset's ``instance_data_dir`` (metadata/backends/discovery.py ``save_cache`` / ``save_image_metadata``):
+``aspect_ratio_bucket_indices_{id}.json`` (``config``, ``aspect_ratio_bucket_indices``: aspect ratio ->
+source paths) and ``aspect_ratio_bucket_metadata_{id}.json`` (path -> ``original_size``,
+``crop_coordinates`` (top, left), ``target_size``, ``intermediary_size``, ``aspect_ratio``)."""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..errors import InputError
+from .clips import Bucket, Crop
+from .formats import WAN21_MEAN, WAN21_STD, Format, Item, _unbatched, channel_stats
+
+
+@dataclass(frozen=True)
+class Family:
+    """A SimpleTuner ``model_family`` as its cache stores it."""
+    name: str
+    spec: str                          # our VAE family (spec id)
+    channels: int
+    alignment: int                     # aspect_bucket_alignment its check_user_config enforces
+    frame_axis: bool                   # [C, 1, H, W] for an image (its video models)
+    trim: Optional[int] = None         # prepare_video_latents trims to even latent sizes at this ratio
+    scale: float = 1.0                 # after the shift: (z - shift) * scale
+    shift: float = 0.0
+    wan_stats: bool = False            # (z - mean) / std with Wan 2.1's per-channel statistics
+    dtype: Optional[torch.dtype] = None    # fixed by its code (else the VAE's dtype, bf16 by default)
+    mode: bool = False                 # it stores the mode (else an unseeded sample)
+
+
+FAMILIES = {f.name: f for f in (
+    # sdxl/model.py, flux/model.py check_user_config: alignment 64; scaling factors of their VAE configs
+    Family("sdxl", "kl", 4, 64, False, scale=0.13025),
+    Family("flux", "kl", 16, 64, False, scale=0.3611, shift=0.1159),
+    Family("qwen_image", "wan", 16, 32, False, wan_stats=True),
+    # wan/model.py: 32 (64 for the 5B's 48-channel VAE, not written here)
+    Family("wan", "wan", 16, 32, True, trim=8, wan_stats=True, mode=True),
+    Family("ltxvideo", "ltx", 128, 64, True, trim=32, dtype=torch.float32),
+    Family("ltxvideo2", "ltx", 128, 64, True, trim=32, dtype=torch.float32),
+)}
+CROP_STYLES = ("center", "corner")
+
+
+def _round_multiple(value: float, multiple: int) -> int:
+    """MultiaspectImage._round_to_nearest_multiple: Python's round (half to even), at least one multiple."""
+    return max(round(value / multiple) * multiple, multiple)
+
+
+def aspect(size: tuple[int, int], rounding: int = 2) -> float:
+    """MultiaspectImage.calculate_image_aspect_ratio: W / H rounded to ``rounding`` places."""
+    return round(size[0] / size[1], rounding)
+
+
+def pixel_edge(size: tuple[int, int], resolution: int, alignment: int) -> tuple[tuple, tuple, float]:
+    """(target W x H, intermediary W x H, aspect ratio) of a source of ``size`` under ``resolution_type:
+    pixel`` without cropping, as TrainingSample.calculate_target_size makes them: the shorter side to
+    ``resolution`` at the rounded aspect ratio, both sides to the nearest multiple of ``alignment``; the
+    intermediary keeps the source's own aspect ratio and covers the target; a target of aspect 1.0 is
+    ``resolution`` square (and so is an intermediary narrower than that)."""
+    w, h = size
+    ar = aspect(size)
+    if w < h:
+        wt = resolution
+        ht = int(wt / ar)
+    else:
+        ht = resolution
+        wt = int(ht * ar)
+    wa, ha = _round_multiple(wt, alignment), _round_multiple(ht, alignment)
+    raw = w / h
+    if raw >= 1.0:
+        hi = max(ha, ht)
+        wi = int(hi * raw)
+        if wi < wa:
+            wi = wa
+            hi = int(wi / raw)
+    else:
+        wi = max(wa, wt)
+        hi = int(wi / raw)
+        if hi < ha:
+            hi = ha
+            wi = int(hi * raw)
+    target, inter = (wa, ha), (wi, hi)
+    ar = aspect(target)
+    if ar == 1.0 and inter[0] < resolution:
+        inter = (resolution, resolution)
+    if ar == 1.0:
+        target = (resolution, resolution)
+    return target, inter, ar
+
+
+def _even_latent(dim: int, ratio: int) -> int:
+    """prepare_video_latents' ``_align_dimension``: down in steps of ``ratio`` until dim / ratio is even."""
+    aligned = dim // ratio * ratio
+    least = ratio * 2
+    if aligned < least:
+        return dim
+    while aligned >= least and (aligned // ratio) % 2:
+        aligned -= ratio
+    return max(least, aligned)
+
+
+def cache_name(relative: Path) -> Path:
+    """``generate_vae_cache_filename``: the folders below the dataset root, then sha256 of the stem."""
+    stem = os.path.splitext(relative.name)[0]
+    return relative.parent / (hashlib.sha256(stem.encode()).hexdigest() + ".pt")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a source goes: the bucket encoded, the crop that fills it, and SimpleTuner's metadata."""
+    bucket: Bucket
+    crop: Crop
+    metadata: dict
+
+
+class SimpleTuner(Format):
+    name, suffix = "simpletuner", ".pt"
+    no_videos = ("SimpleTuner's video caches are not written here (images only): its frame selection and video "
+                 "resize are not reproduced")
+
+    def __init__(self, family: Optional[str], dtype: Optional[torch.dtype] = None, resolution: Optional[str] = None,
+                 resolution_type: str = "pixel", crop: bool = False, crop_style: Optional[str] = None,
+                 alignment: Optional[int] = None, dataset_id: Optional[str] = None,
+                 instance_data_dir: Optional[str] = None):
+        if not family or family not in FAMILIES:
+            raise InputError(f"SimpleTuner's cache needs its model_family; {family!r} is not one written here.",
+                             input="--model-family", fix=f"give one of {', '.join(FAMILIES)} (as in your "
+                                                         "SimpleTuner config's model_family).")
+        self.family = FAMILIES[family]
+        self.dtype = dtype or self.family.dtype or torch.bfloat16
+        if resolution_type in ("area", "pixel_area"):
+            raise InputError(f"resolution_type {resolution_type} is not written: SimpleTuner gives an aspect ratio the "
+                             "size of the first image of that aspect it reads, so the sizes depend on its file order.",
+                             input="--resolution-type", fix="use resolution_type: pixel (in both configs).")
+        if resolution_type != "pixel":
+            raise InputError(f"unknown resolution_type {resolution_type!r}.", input="--resolution-type",
+                             fix="use pixel.")
+        if crop:
+            raise InputError("crop: true is not written: SimpleTuner's crops (random aspect, random place) are "
+                             "unseeded, so no other tool can make the latents it would.", input="--crop",
+                             fix="set crop: false in the dataset's config.")
+        if crop_style not in CROP_STYLES:
+            raise InputError(f"crop_style {crop_style!r}: with crop: false SimpleTuner still cuts the bucket out of a "
+                             "slightly larger resize at the crop_style's place; 'random' (its default) is unseeded.",
+                             input="--crop-style", fix="set crop_style: center (or corner) in the dataset's config "
+                                                       "and give the same here.")
+        self.crop_style = crop_style
+        try:
+            self.resolution = int(str(resolution))
+        except ValueError:
+            self.resolution = 0
+        if self.resolution <= 0:
+            raise InputError(f"--resolution {resolution!r}: SimpleTuner's pixel resolution is one number (the shorter "
+                             "side), e.g. 1024.", input="--resolution", fix="give the dataset's resolution.")
+        self.alignment = alignment or self.family.alignment
+        self.dataset_id = dataset_id
+        if dataset_id is not None and (not dataset_id or dataset_id in (".", "..") or "/" in dataset_id
+                                       or os.sep in dataset_id):
+            raise InputError(f"--id {dataset_id!r} is not a dataset id (it names files in the cache folder).",
+                             input="--id", fix="give the dataset's id from SimpleTuner's dataloader config.")
+        self.instance_data_dir = instance_data_dir
+
+    def describe(self) -> str:
+        return f"simpletuner ({self.family.name})"
+
+    def check(self, vae) -> None:
+        f = self.family
+        if vae.spec.id != f.spec or vae.caps.latent_channels_packed != f.channels:
+            raise InputError(f"SimpleTuner's {f.name} trains on latents of the {f.spec} VAE with {f.channels} channels; "
+                             f"this VAE is {vae.name}.", input="--model-family",
+                             fix="load that model's VAE, or name the model family this VAE belongs to.")
+
+    def place(self, size: tuple[int, int], ratio: int) -> Placement:
+        """The bucket and crop of a source of ``size`` (W, H); raises ValueError with the reason."""
+        target, inter, ar = pixel_edge(size, self.resolution, self.alignment)
+        if target == inter:
+            left = top = 0
+        elif self.crop_style == "center":
+            left, top = max(0, int((inter[0] - target[0]) / 2)), max(0, int((inter[1] - target[1]) / 2))
+        else:
+            left = top = 0
+        if inter[0] - left < target[0] or inter[1] - top < target[1]:
+            raise ValueError(f"SimpleTuner resizes it to {inter[0]}x{inter[1]}, smaller than its bucket "
+                             f"{target[0]}x{target[1]}, and would cache a smaller latent than the bucket's")
+        w, h = target
+        if self.family.trim:          # its video models trim right and bottom to even latent sizes
+            w, h = _even_latent(w, self.family.trim), _even_latent(h, self.family.trim)
+        if w % ratio or h % ratio:
+            raise ValueError(f"its bucket {w}x{h} is not a multiple of the VAE's {ratio} px")
+        meta = {"original_size": list(size), "crop_coordinates": [top, left], "target_size": list(target),
+                "intermediary_size": list(inter), "aspect_ratio": ar}
+        return Placement(Bucket(w, h), Crop(tuple(size), inter, left, top, (w, h), "bilinear"), meta)
+
+    def path(self, item: Item) -> Path:
+        return cache_name(item.relative)
+
+    def _stats(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return channel_stats((WAN21_MEAN, WAN21_STD), z)
+
+    def latent(self, mean: torch.Tensor) -> torch.Tensor:
+        """Our mean (the family's LATENT, unbatched) -> the tensor SimpleTuner stores."""
+        f, z = self.family, _unbatched(mean).float()
+        if z.dim() == 3 and f.frame_axis:
+            z = z.unsqueeze(1)
+        if z.dim() == 4 and not f.frame_axis:
+            z = z.squeeze(1)
+        if f.wan_stats:
+            m, s = self._stats(z)
+            z = (z - m) / s
+        z = (z - f.shift) * f.scale
+        return z.to(self.dtype).contiguous()
+
+    def write(self, path, item, mean, logvar, record) -> None:
+        torch.save(self.latent(mean), str(path))
+
+    def read(self, path: Path) -> torch.Tensor:
+        f = self.family
+        z = torch.load(str(path), map_location="cpu", weights_only=True).float()
+        z = z / f.scale + f.shift
+        if f.wan_stats:
+            m, s = self._stats(z)
+            z = z * s + m
+        return z
+
+    # ---- the metadata backend's two JSON files ----------------------------------------------------------
+    def metadata_files(self, entries: list[tuple[Path, Path, dict]]) -> dict[str, dict]:
+        """{file name: content} for the sources cached under ``root``: ``entries`` of (dataset root, the
+        source's path below it, its metadata)."""
+        ident = self.dataset_id or "vaekit"
+        indices: dict[str, list[str]] = {}
+        metadata: dict[str, dict] = {}
+        for base, relative, meta in entries:
+            where = os.path.join(self.instance_data_dir or str(base), str(relative))
+            indices.setdefault(str(meta["aspect_ratio"]), []).append(where)
+            metadata[where] = meta
+        for paths in indices.values():
+            paths.sort()
+        return {f"aspect_ratio_bucket_indices_{ident}.json": {"config": self.config(),
+                                                              "aspect_ratio_bucket_indices": indices},
+                f"aspect_ratio_bucket_metadata_{ident}.json": metadata}
+
+    def config(self) -> dict:
+        """The dataset settings the sizes come from, as its dataloader config names them. SimpleTuner puts a
+        value saved here back over a different one in the dataset's config (factory.py, "has inconsistent
+        config"), so only the settings the files depend on are saved."""
+        return {"resolution": self.resolution, "resolution_type": "pixel", "crop": False,
+                "crop_style": self.crop_style}
+
+
+def from_options(opts, dtype: Optional[torch.dtype]) -> SimpleTuner:
+    """The format of a run's options (CacheOptions: its SimpleTuner settings)."""
+    return SimpleTuner(opts.model_family, dtype, opts.resolution, opts.resolution_type, opts.crop, opts.crop_style,
+                       opts.aspect_bucket_alignment, opts.id, opts.instance_data_dir)
