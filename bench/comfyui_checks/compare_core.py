@@ -1,12 +1,13 @@
 """One comparison of ComfyUI core's VAE against ours for every family declared in core_families.py: the same
 file (random weights at the published config) and the same inputs on both sides, decode and encode, one
-parity table; time and memory where a family declares them.
+parity table (time and memory beside core: bench/run.py's ``--kinds core,...``).
 
     python bench/comfyui_checks/compare_core.py --list                      # the families and their differences
     python bench/comfyui_checks/compare_core.py --dry                       # ours at a tiny size, no core needed
     python bench/comfyui_checks/compare_core.py --family cogvideox --comfyui PATH/TO/ComfyUI --python PATH/TO/venv/bin/python
     python bench/comfyui_checks/compare_core.py --family cogvideox ... --quick --check     # exit 1 over 1e-4
     python bench/comfyui_checks/compare_core.py --family taehv ... --json rows.json        # the rows for a test
+    python bench/comfyui_checks/compare_core.py --family minimax ... --sizes tiny,tiny_int8 --core-attention pytorch
 
 Core runs in a subprocess under ``--python`` (ComfyUI's venv; CPU, fp32 unless a family says otherwise:
 this file with ``--worker``), ours in this process. Rows: max and mean abs difference and the max over the
