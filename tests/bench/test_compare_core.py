@@ -31,7 +31,8 @@ def test_list_names_every_family():
     assert all(f"{name}: " in out.stdout for name in FAMILIES)
 
 
-@pytest.mark.parametrize("family", ["stage_a", "seedvr2"])
+@pytest.mark.parametrize("family", ["stage_a", "seedvr2", *(pytest.param(f, marks=pytest.mark.slow)
+                                                         for f in ("ltx_diffusion", "mage", "minimax"))])
 def test_dry_builds_ours_on_the_family_file(family):
     out = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--family", family], capture_output=True, text=True,
                          timeout=600)
