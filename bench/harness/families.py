@@ -248,8 +248,10 @@ def _mage_writer(folder: Path) -> None:
     import mage_tiny
     from comfyui_checks.core_families import drawn
     from vae.archs import mage
+    cfg = mage_tiny.config(**mage_tiny.PUBLISHED)
+    cfg = dataclasses.replace(cfg, encoder=dataclasses.replace(cfg.encoder, head_ffn=4 * cfg.encoder.head))  # core's
     with torch.device("meta"):
-        shapes = {k: p.shape for k, p in mage.MageVAE(mage_tiny.config(**mage_tiny.PUBLISHED)).state_dict().items()}
+        shapes = {k: p.shape for k, p in mage.MageVAE(cfg).state_dict().items()}
     _save(mage_tiny.file_layout(drawn(shapes), anchor=True), folder / "mage_flow_vae.safetensors")
 
 
