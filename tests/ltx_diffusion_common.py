@@ -8,7 +8,7 @@ whose eager path (no torch.compile, as on this CPU) materialises the score matri
 embedding (``attn.project_qkv``) and its output projection, and computes the attention itself by
 brute force: each query's window gathered by index, softmax in float64. Written from NATTEN's rule
 (``start = clamp(i - k // 2, 0, n - k)``, kernels clamped to the axis), independently of
-vae/nn/neighborhood.py; bench/comfyui_checks/compare_core_ltx_diffusion.py checks it against ComfyUI's
+vae/nn/neighborhood.py; bench/comfyui_checks/compare_core.py --family ltx_diffusion checks it against ComfyUI's
 ``comfy_kitchen.na3d``."""
 from __future__ import annotations
 

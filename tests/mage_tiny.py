@@ -1,8 +1,8 @@
 """Tiny Mage-VAE weights for the tests (random, seeded), in the key layouts users have.
 
 No reference implementation is installable in CI (ComfyUI core has the class, diffusers only in an
-open pull request), so the weights come from our own model at a tiny config; bench/comfyui_checks/compare_core_mage.py
-checks the published config against core. Every 1-D parameter (norm affines, biases) is random too,
+open pull request), so the weights come from our own model at a tiny config;
+bench/comfyui_checks/compare_core.py --family mage checks the published config against core. Every 1-D parameter (norm affines, biases) is random too,
 so a norm read as the identity or a bias dropped cannot pass unnoticed."""
 from __future__ import annotations
 

@@ -45,8 +45,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shar
 from harness import comfy_core
 
 ROOT = Path(__file__).resolve().parents[2]
-WAN22 = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, patch_size=2, in_channels=12,
-             out_channels=12, scale_factor_spatial=16)
 FAMILIES = ("wan", "wan2.2", "ltx", "hunyuan_video15", "flux2", "svd")
 # differences with a known cause, checked elsewhere (the decode of the first latent frame alone agrees)
 EXPECTED = {("hunyuan_video15", "decoded"): "expected: core's mid-block attention is not causal over frames, "
@@ -245,14 +243,9 @@ def write_weights(family: str, path: Path) -> None:
         sys.path.insert(0, str(p))
     import vae
     torch.manual_seed(0)
-    if family in ("wan", "wan2.2"):
-        from vae.archs.wan_layout import to_original
-        canonical = vae.from_state_dict(diffusers.AutoencoderKLWan(**(WAN22 if family == "wan2.2" else {}))
-                                        .state_dict()).state_dict()
-        sd = to_original(canonical, nested=family == "wan2.2")
-    elif family == "ltx":
-        from compare_comfyui import comfy_weights
-        sd = comfy_weights("ltx", "AutoencoderKLLTXVideo", {})
+    if family in ("wan", "wan2.2", "ltx"):            # the drop-in check's files
+        from compare_comfyui import FAMILIES as DROP_IN, comfy_weights
+        sd = comfy_weights(family, *DROP_IN[family][:2])
     elif family == "hunyuan_video15":
         from test_hunyuan_video15 import original_layout, reference
         sd = original_layout(reference().state_dict(), comfyui=True)

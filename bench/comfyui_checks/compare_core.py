@@ -1,12 +1,13 @@
 """One comparison of ComfyUI core's VAE against ours for every family declared in core_families.py: the same
 file (random weights at the published config) and the same inputs on both sides, decode and encode, one
-parity table; time and memory where a family declares them.
+parity table (time and memory beside core: bench/run.py's ``--kinds core,...``).
 
     python bench/comfyui_checks/compare_core.py --list                      # the families and their differences
     python bench/comfyui_checks/compare_core.py --dry                       # ours at a tiny size, no core needed
     python bench/comfyui_checks/compare_core.py --family cogvideox --comfyui PATH/TO/ComfyUI --python PATH/TO/venv/bin/python
     python bench/comfyui_checks/compare_core.py --family cogvideox ... --quick --check     # exit 1 over 1e-4
     python bench/comfyui_checks/compare_core.py --family taehv ... --json rows.json        # the rows for a test
+    python bench/comfyui_checks/compare_core.py --family minimax ... --sizes tiny,tiny_int8 --core-attention pytorch
 
 Core runs in a subprocess under ``--python`` (ComfyUI's venv; CPU, fp32 unless a family says otherwise:
 this file with ``--worker``), ours in this process. Rows: max and mean abs difference and the max over the
@@ -94,10 +95,10 @@ class Worker:
 def core_worker(w: Worker) -> None:
     """Every file through core (``core_build``, default ``comfy.sd.VAE`` with the file's metadata), every
     case on it through VAE Decode / VAE Encode, then the family's ``core_extra``."""
-    comfy_core.start(w.a.comfyui)
+    comfy_core.start(w.a.comfyui, pytorch_attention=w.a.core_attention == "pytorch" or None)
     import comfy.utils
     fam = w.fam
-    with torch.inference_mode():
+    with torch.no_grad() if fam.no_grad else torch.inference_mode():
         for stem in w.files():
             w.stem = stem
             w.sd, meta = comfy.utils.load_torch_file(str(w.d / stem), return_metadata=True)
@@ -127,9 +128,10 @@ def write_files(run: Run) -> list[str]:
         run.call("files")
         return json.loads((run.d / "files.json").read_text())
     names = []
-    for name, tensors in fam.files(run).items():
+    for name, tensors in fam.files(run).items():       # None: a file the family wrote itself
         sd, meta = tensors if isinstance(tensors, tuple) else (tensors, None)
-        save_file({k: t.contiguous() for k, t in sd.items()}, str(run.d / name), metadata=meta)
+        if sd is not None:
+            save_file({k: t.contiguous() for k, t in sd.items()}, str(run.d / name), metadata=meta)
         names.append(name)
     (run.d / "files.json").write_text(json.dumps(names))
     return names
@@ -147,8 +149,6 @@ def compare(a, name: str, variant: str = "") -> list[dict]:
     with tempfile.TemporaryDirectory(prefix=f"cmp_{name}_", dir=a.tmp) as tmp:
         run = Run(a, name, Path(tmp), variant)
         write_files(run)
-        if fam.main and fam.main(run):
-            return []
         files = json.loads((run.d / "files.json").read_text())
         every = cases_of(fam, variant)
         cases = {k: c for k, c in every.items() if not a.quick or not fam.quick or k in fam.quick}
@@ -209,6 +209,9 @@ def parser() -> argparse.ArgumentParser:
                    help="exit 1 if a parity row is above this (default 1e-4)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--tmp", help="folder for the temporary files (a published file can be GBs)")
+    p.add_argument("--core-attention", choices=("cpu", "pytorch"), default="cpu",
+                   help="core's attention: its CPU choice (sub-quadratic) or --use-pytorch-cross-attention "
+                        "(PyTorch SDPA, its choice on NVIDIA GPUs and ours)")
     for name, fam in FAMILIES.items():
         if fam.options:
             fam.options(p.add_argument_group(name))
@@ -222,7 +225,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if a.worker:
         w = Worker(a)
-        return w.fam.workers.get(a.worker, core_worker)(w)
+        return {"files": w.fam.core_files, **w.fam.workers}.get(a.worker, core_worker)(w)
     if a.list:
         for name, fam in FAMILIES.items():
             print(f"{name}: {fam.title}\n    " + fam.doc.strip().replace("\n", "\n    ") + "\n")
@@ -237,7 +240,7 @@ def main(argv=None) -> None:
     a.python = a.python or sys.executable
     torch.set_num_threads(a.threads)
     fam = FAMILIES[a.family]
-    if not a.comfyui and not fam.main:
+    if not a.comfyui:
         p.error("--comfyui is required")
     rows = []
     for variant in fam.variants(a) if fam.variants else [""]:

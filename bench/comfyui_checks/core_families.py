@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import zlib
 from pathlib import Path
 
 import torch
@@ -56,6 +57,23 @@ def pack_load(run, path: Path, dtype=torch.float32):
     _repo()
     from vae.cli.pack import load_pack
     return load_pack().vae.load(path, dtype=dtype)
+
+
+def core_vae(w, meta=None):
+    """Core's VAE of the worker's file as its Load VAE builds it, refusing a file core cannot detect."""
+    v = comfy_core.vae(w.a.comfyui, dict(w.sd), metadata=meta)
+    v.throw_exception_if_invalid()
+    return v
+
+
+def exact_row(run, k: str, c: Case, tile: int) -> None:
+    """The row of ours with exact ``tile`` px tiles, in the socket's layouts (SOCKET io), against core's
+    VAE Decode / VAE Encode."""
+    from vaekit.nodes.convert import center_crop_to_multiple
+    h, x = run.ours[c.file or next(iter(run.ours))], run.inputs[k]
+    y = (comfy_core.socket(h)._out(h.decode(x, tile=tile, mode="exact"), x) if c.op == "decode" else
+         h.encode(center_crop_to_multiple(x, h.caps.spatial_ratio).movedim(-1, 1), tile=tile, mode="exact"))
+    run.table.add(f"{k} exact {tile} px tiles", y, run.core[k], "vs core", True, c.op)
 
 
 def _dry(files: dict, **cases) -> tuple[dict, dict]:
@@ -789,9 +807,7 @@ def _hy_core_build(w, meta):
         model = _hy_engine(w.a, variant)
         model.load_state_dict(w.sd, strict=True)
         return _CoreClasses(model.eval(), variant)
-    v = comfy_core.vae(w.a.comfyui, dict(w.sd))
-    v.throw_exception_if_invalid()
-    return v
+    return core_vae(w)
 
 
 def _hy_references(handle, variant: str) -> dict:
@@ -843,17 +859,13 @@ def _hy_references(handle, variant: str) -> dict:
 
 
 def _hy_case(run, k: str, c: Case) -> None:
-    from vaekit.nodes.convert import center_crop_to_multiple
     handle, x = run.ours[c.file], run.inputs[k]
     ours = run.core_row(k, c)
     refs = run.state.setdefault(c.file, _hy_references(handle, k[:3]))
     for name, (dec, enc) in refs.items():
         run.table.add(f"{k} vs {name}", ours, dec(x) if c.op == "decode" else enc(x), "", True, c.op)
     if k in HUNYUAN_IMAGE_EXACT:
-        s = handle.caps.spatial_ratio
-        y = (comfy_core.socket(handle)._out(handle.decode(x, tile=2 * s, mode="exact"), x) if c.op == "decode" else
-             handle.encode(center_crop_to_multiple(x, s).movedim(-1, 1), tile=2 * s, mode="exact"))
-        run.table.add(f"{k} exact {2 * s} px tiles", y, run.core[k], "vs core", True, c.op)
+        exact_row(run, k, c, 2 * handle.caps.spatial_ratio)
 
 
 def _hy_dry():
@@ -888,10 +900,358 @@ max abs relative to the latent's largest value. No documented difference: every 
            "3.0 decode 2x32x1x2x2": Case("decode", (2, 32, 1, 2, 2), _hy_file("3.0")),
            "3.0 encode 64x48": Case("encode", (1, 64, 48, 3), _hy_file("3.0")),
            "3.0 encode 2x40x50 (centre-cropped)": Case("encode", (2, 40, 50, 3), _hy_file("3.0"))},
-    seed=SEED + 1, io=SOCKET, core_files=_hy_files, workers={"files": _hy_files}, core_build=_hy_core_build,
+    seed=SEED + 1, io=SOCKET, core_files=_hy_files, core_build=_hy_core_build,
     load=pack_load, case_rows=_hy_case, relative_encode=True, dry=_hy_dry)
 
 
+# ---- Mage-VAE --------------------------------------------------------------------------------------
+
+MAGE_FILE = "mage_flow_vae.safetensors"
+MAGE_BF16 = ("decode 40x36 (2x2 windows)", "encode 64x80")                # also compared in bf16
+MAGE_EXACT = ("decode 40x36 (2x2 windows)", "encode 650x590 (centre-cropped)")   # also with exact 512 px tiles
+
+
+def _mage_files(w) -> None:
+    """Core's published MageVAE, every tensor drawn, in the file layout the templates load (plus two
+    tensors of the Flux.2 anchor encoder, which both loaders must drop)."""
+    comfy_core.start(w.a.comfyui)
+    import comfy.ldm.mage_flow.vae as mage
+    from safetensors.torch import save_file
+    shapes = {k: p.shape for k, p in mage.MageVAE().state_dict().items()}
+    sd = {("student." if k.startswith("dconv_encoder.") else "") + k.replace("decoder_model.", "pipeline.", 1): t
+          for k, t in drawn(shapes).items()}
+    g = torch.Generator().manual_seed(SEED)
+    sd["pipeline.y_embedder.encoder.conv_in.weight"] = torch.randn(128, 3, 3, 3, generator=g)
+    sd["pipeline.y_embedder.bottleneck.weight"] = torch.randn(128, 64, 1, 1, generator=g)
+    save_file({k: t.contiguous() for k, t in sd.items()}, str(w.d / MAGE_FILE))
+    (w.d / "files.json").write_text(json.dumps([MAGE_FILE]))
+
+
+def _mage_core(w) -> None:
+    """The bf16 cases again on core's VAE loaded in bf16 (its working dtypes are bf16 and fp32)."""
+    v = comfy_core.vae(w.a.comfyui, dict(w.sd), dtype=torch.bfloat16)
+    for k in (k for k in MAGE_BF16 if k in w.inputs):
+        w.out[k + " bf16"] = (v.decode if k.startswith("decode") else v.encode)(w.inputs[k]).float()
+
+
+def _mage_case(run, k: str, c: Case) -> None:
+    run.core_row(k, c)
+    if k in MAGE_BF16:
+        h = run.state.setdefault("bf16", pack_load(run, run.d / MAGE_FILE, torch.bfloat16))
+        core = run.core[k + " bf16"]
+        run.table.add(f"{k} bf16", run.ours_out(k, c, h).float(), core, "both in bf16: rounding, not parity", False,
+                      c.op)
+        run.table.add(f"{k} core bf16 vs core fp32", core, run.core[k], "the scale of bf16 rounding", False, c.op)
+    if k in MAGE_EXACT:
+        exact_row(run, k, c, 512)
+
+
+def _mage_dry():
+    _repo()
+    import mage_tiny
+    return _dry({MAGE_FILE: mage_tiny.file_layout(mage_tiny.canonical(), anchor=True)},
+                decode=("decode", (1, 16, 2, 2)), encode=("encode", (1, 32, 32, 3)))
+
+
+MAGE = Family(
+    title="Mage-VAE (core: comfy/ldm/mage_flow/vae.py through comfy.sd.VAE), published config, random weights "
+          "(seed 0)",
+    doc="""Weights: core's own MageVAE() (its hard-coded published config: 128 latent channels, 16x, 21 DiCo blocks
+a side, 32-latent-pixel attention windows), every tensor drawn (core's ops leave parameters uninitialised),
+written once under core's python in the file layout the templates load (student.dconv_encoder.*, pipeline.*,
+plus two tensors of the Flux.2 anchor encoder that both loaders must drop). Core loads it with comfy.sd.VAE (its
+detection, renames, 0..1 mapping, clamp and centre crop); ours with vae.load behind our socket (VAEKitVAE: what
+core's nodes call on our VAE), and with exact 512 px tiles. --check: decode max abs, encode relative.
+Time and memory beside core: bench/run.py decode --family mage (and encode).
+Differences:
+- bf16 rows: both sides load the file in bf16 and compute in bf16: a rounding figure, not a parity claim;
+  beside each, core's own bf16 result against its fp32 one gives the scale of bf16 rounding.""",
+    cases={"decode 4x5 (one padded window)": Case("decode", (1, 128, 4, 5)),
+           "decode 6x4, batch 2": Case("decode", (2, 128, 6, 4)),
+           "decode 40x36 (2x2 windows)": Case("decode", (1, 128, 40, 36)),
+           "encode 64x80": Case("encode", (1, 64, 80, 3)),
+           "encode 650x590 (centre-cropped)": Case("encode", (1, 650, 590, 3))},
+    quick=("decode 4x5 (one padded window)", "decode 6x4, batch 2", "encode 64x80"),
+    seed=SEED + 1, io=SOCKET, core_files=_mage_files, core_build=core_vae,
+    core_keys=lambda sd: {k.replace("student.dconv_encoder.", "dconv_encoder.").replace("pipeline.", "decoder_model.", 1)
+                          for k in sd},
+    core_extra=_mage_core, load=pack_load, case_rows=_mage_case, relative_encode=True, dry=_mage_dry)
+
+
+# ---- LTX-2.5 diffusion VAE -------------------------------------------------------------------------
+
+LTXD_FILE = "ltx-2.5-video-vae.safetensors"
+# LTX-2.3's published encoder (diffusers AutoencoderKLLTX2Video); the decoder: diffusers' defaults, the published one
+LTXD_ENCODER = dict(latent_channels=128, block_out_channels=(256, 512, 1024, 1024), layers_per_block=(4, 6, 4, 2, 2),
+                    encoder_causal=True, spatial_compression_ratio=32, temporal_compression_ratio=8,
+                    encoder_spatial_padding_mode="zeros")
+# the shipped file's config (what ComfyUI reads; keys it does not find take its built-in values)
+LTXD_CONFIG = {"vae": {"_class_name": "CausalDiffusionVAE", "model_output_type": "x0",
+                       "encoder": {"spatial_padding_mode": "zeros", "latent_log_var": "constant"},
+                       "decoder": {"stage_kernels": [[3, 7, 7], [3, 7, 7], [3, 5, 5], [3, 5, 5], [11, 11, 11]],
+                                   "stage5_kernel": [11, 11, 11], "timestep_scale_multiplier": 1000.0,
+                                   "default_num_inference_steps": 1}}}
+# neighbourhood attention alone: q/k/v [B, T, H, W, heads, dim] and the kernel
+LTXD_NA = (((1, 3, 7, 9, 4, 64), (3, 7, 7)), ((1, 17, 24, 20, 4, 64), (11, 11, 11)), ((2, 1, 5, 6, 2, 32), (3, 7, 7)))
+
+
+def ltx_diffusion_weights(encoder: dict = LTXD_ENCODER, decoder: dict = None) -> tuple[dict, dict]:
+    """The shipped file (its layout, its ``config`` metadata) of random weights at the published config."""
+    _repo()
+    import vae
+    from ltx_diffusion_common import reference
+    from vae.archs.ltx_diffusion_layout import to_original
+    ref = reference(seed=SEED, encoder=encoder, decoder=decoder or {})
+    canonical = vae.from_state_dict({k: v.contiguous() for k, v in ref.state_dict().items()}).state_dict()
+    del ref
+    return to_original(canonical), {"config": json.dumps(LTXD_CONFIG)}
+
+
+def _ltxd_inputs(g) -> dict:
+    return {f"na{i}.{n}": torch.randn(shape, generator=g) for i, (shape, _) in enumerate(LTXD_NA) for n in "qkv"}
+
+
+def _ltxd_core(w) -> None:
+    import comfy_kitchen
+    for i, (_, kernel) in enumerate(LTXD_NA):
+        w.out[f"na{i}"] = comfy_kitchen.na3d(*(w.inputs[f"na{i}.{n}"] for n in "qkv"), list(kernel), None, 1.0)
+
+
+def _ltxd_rows(run) -> None:
+    from ltx_diffusion_common import brute_na
+    from vae.nn.neighborhood import neighborhood_attention
+    unused = sum(k.startswith("per_channel_statistics.") for k in run.info[LTXD_FILE]["unexpected"])
+    print(f"  of core's unexpected keys, {unused} are statistics core never reads")
+    v, z = run.ours[LTXD_FILE], run.inputs["decode_t3"]
+    run.table.add("ours seed 7 vs seed 0 (decode_t3)", v.decode(z, seed=7), v.decode(z), "the noise matters", False)
+    for n, (shape, kernel) in enumerate(LTXD_NA):
+        q, k, x = (run.inputs[f"na{n}.{c}"] for c in "qkv")
+        for name, fn in (("ours", neighborhood_attention), ("tests' brute force", brute_na)):
+            run.table.add(f"na3d {name} {kernel} {shape}", fn(q, k, x, kernel), run.core[f"na{n}"],
+                          "vs comfy_kitchen.na3d", True)
+
+
+def _ltxd_dry():
+    _repo()
+    from ltx_diffusion_common import DECODER, ENCODER
+    sd, _ = ltx_diffusion_weights(ENCODER, DECODER)
+    return _dry({LTXD_FILE: sd}, decode=("decode", (1, 16, 2, 2, 2)), encode=("encode", (1, 3, 9, 64, 64)))
+
+
+LTX_DIFFUSION = Family(
+    title="LTX-2.5 diffusion VAE (core: CausalDiffusionVAE through comfy.sd.VAE), published config, random "
+          "weights (seed 0)",
+    doc="""Weights: diffusers' LTX2VideoDiffusionDecoderModel() (its defaults are the published decoder) and LTX-2.3's
+published encoder (AutoencoderKLLTX2Video), random under a fixed seed, written once in the shipped file's layout
+with its config metadata (the published windows, one step); core reads it with comfy.sd.VAE(sd, metadata), ours
+with vae.load. Both draw the decode's noise from a CPU generator seeded 0 (core's VAE Decode; ours seed=0); a
+row shows how far seed 7 moves our clip decode. Neighbourhood attention alone: ours (vae/nn/neighborhood.py) and
+the tests' brute-force stand-in for diffusers' attention against core's comfy_kitchen.na3d on the same q/k/v.
+Time, memory and profile beside core: bench/run.py decode --family ltx_diffusion. No documented difference:
+every row but the seed's is parity.""",
+    cases={"decode_t1": Case("decode", (1, 128, 1, 4, 4)), "decode_t3": Case("decode", (1, 128, 3, 4, 4)),
+           "encode_T1": Case("encode", (1, 3, 1, 128, 128)), "encode_T9": Case("encode", (1, 3, 9, 128, 128))},
+    extra_inputs=_ltxd_inputs, files=lambda run: {LTXD_FILE: ltx_diffusion_weights()}, core_build=core_vae,
+    core_extra=_ltxd_core, rows=_ltxd_rows, dry=_ltxd_dry)
+
+
+# ---- MiniMax H3 ------------------------------------------------------------------------------------
+
+MINIMAX_FP16, MINIMAX_INT8 = "minimax_h3_video_vae_fp16.safetensors", "minimax_h3_video_vae_int8_convrot.safetensors"
+MINIMAX_TINY = dict(enc_widths=(32,) * 6, enc_blocks=1, enc_down=(True,) * 4 + (False,) * 2, dec_dim=128, dec_depth=2,
+                    dec_ff=512, registers=4, patch=16)
+MINIMAX = dict(enc_widths=(128, 256, 256, 512, 512, 1024), enc_blocks=2, enc_down=(True,) * 4 + (False,) * 2,
+               dec_dim=2048, dec_depth=36, dec_ff=8192, registers=4, patch=16)
+# size -> (op, shape, tiling): decode latents [t, h, w] (24 channels), encode clips [T, H, W]
+MINIMAX_CASES = {
+    "tiny": [("decode", (t, 5, 6), "stitch") for t in (1, 2, 3, 6, 7, 12)]
+    + [("decode", s, tiling) for s in ((7, 29, 20), (12, 18, 17)) for tiling in ("stitch", "blend")]
+    + [("encode", (n, 48, 64), "") for n in (1, 2, 5, 17, 18, 22, 40)]
+    + [("encode", (1, 464, 320), ""), ("encode", (5, 288, 272), "")],
+    # one tile per frame: both compositions are the same (the tiles are compared in the tiny rows)
+    "published": [("decode", (1, 8, 8), "stitch"), ("decode", (7, 4, 4), "stitch"), ("decode", (12, 3, 3), "stitch"),
+                  ("encode", (1, 64, 64), ""), ("encode", (22, 48, 48), "")],
+    "int8": [("decode", (7, 4, 4), "stitch"), ("decode", (1, 8, 8), "stitch")],
+    "tiny_int8": [("decode", (t, h, w), "stitch") for t, h, w in ((7, 4, 4), (1, 5, 6), (7, 18, 17), (12, 5, 6))],
+}
+
+
+def minimax_weights(fields: dict, dtype=torch.float32) -> dict:
+    """Canonical (ComfyUI-layout) weights of the config ``fields``: per tensor a generator seeded by
+    its name; scales chosen so activations stay O(1) and decoded pixels mostly inside 0..1. Plus
+    ``decoder.mask_token`` (zeros), as MiniMax's and ComfyUI's files have it."""
+    _repo()
+    from vae.archs import minimax, minimax_layout
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in minimax.MiniMaxH3VAE(minimax.MiniMaxConfig(**fields)).state_dict().items()}
+    out = {}
+    for name, shape in shapes.items():
+        r = torch.randn(shape, generator=torch.Generator().manual_seed(SEED + zlib.crc32(name.encode())))
+        if name in ("latents_mean", "latents_std"):
+            r = torch.tensor(minimax_layout.LATENTS_MEAN if name == "latents_mean" else minimax_layout.LATENTS_STD)
+        elif name.endswith(("scale1", "scale2")):
+            r *= 0.1
+        elif name.endswith("register_tokens"):
+            pass
+        elif "norm" in name:
+            r = 1 + 0.1 * r if name.endswith("weight") else 0.1 * r
+        elif name.endswith("bias"):
+            r *= 0.02
+        else:
+            r /= (r[0].numel() ** 0.5) * (2 if "proj_out" in name else 1)
+        out[name] = r.to(dtype).contiguous()
+        del r
+    out["decoder.mask_token"] = torch.zeros(1, 1, fields["dec_dim"], dtype=dtype)
+    return out
+
+
+def newer_tiled_decode(mm, path: str) -> None:
+    """Put core 0.38.1's tiled decode (PR #16436: ``_decode_tile_row`` and ``tiled_decode``, a file the
+    user gives, imported as a module) on 783545f6's MiniMax H3 class, the reference for our default."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("minimax_newer_tiled_decode", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    mm.MiniMaxH3VideoVAE._decode_tile_row = module._decode_tile_row
+    mm.MiniMaxH3VideoVAE.tiled_decode = module.tiled_decode
+
+
+def _minimax_cases(size: str) -> dict:
+    return {f"{op} {'x'.join(map(str, s))} {tiling}".rstrip(): Case(op, (1, 24 if op == "decode" else 3, *s))
+            for op, s, tiling in MINIMAX_CASES[size]}
+
+
+def _minimax_files(run) -> dict:
+    """The tiny file fp32; the published one fp16 as ComfyUI ships it; int8 ones quantized from those by
+    core (the ``quantize`` worker)."""
+    tiny, int8 = run.variant.startswith("tiny"), run.variant.endswith("int8")
+    sd = minimax_weights(MINIMAX_TINY if tiny else MINIMAX, torch.float32 if run.variant == "tiny" else torch.float16)
+    if not int8:
+        return {"tiny.safetensors" if tiny else MINIMAX_FP16: sd}
+    from safetensors.torch import save_file
+    save_file(sd, str(run.d / "fp16.safetensors"))
+    del sd
+    run.call("quantize")
+    return {MINIMAX_INT8: None}
+
+
+def _minimax_quantize(w) -> None:
+    """The int8 file by core's own quantizer (comfy_kitchen: rotate each column group by the normalised
+    Hadamard matrix, then per-row int8), for the blocks' Linears as ComfyUI's file has them; groups of 256
+    (the tiny model's, 128 wide, of 64)."""
+    comfy_core.start(w.a.comfyui)
+    import comfy.quant_ops
+    from safetensors.torch import load_file, save_file
+    group = 64 if w.variant.startswith("tiny") else 256
+    sd = load_file(str(w.d / "fp16.safetensors"))
+    conf = torch.tensor(list(json.dumps({"format": "int8_tensorwise", "convrot": True,
+                                         "convrot_groupsize": group}).encode()), dtype=torch.uint8)
+    for k in [k for k in sd if k.startswith("decoder.transformer_blocks.") and k.endswith(".weight")
+              and any(p in k for p in (".to_qkv.", ".to_out.", ".ff.w1.", ".ff.w2."))]:
+        q, params = comfy.quant_ops.TensorWiseINT8Layout.quantize(sd[k].float(), is_weight=True, per_channel=True,
+                                                                  convrot=True, convrot_groupsize=group)
+        sd[k], sd[k[:-len("weight")] + "weight_scale"] = q.contiguous(), params.scale.contiguous()
+        sd[k[:-len("weight")] + "comfy_quant"] = conf.clone()
+    save_file(sd, str(w.d / MINIMAX_INT8))
+
+
+class _MinimaxTiny:
+    """Core's classes at the tiny size (core's loader builds only the published one): MiniMaxH3VideoVAE with
+    a small ViT3DDecoder (an int8 file's with core's mixed_precision_ops, as its loader builds them), called
+    with VAE Decode / VAE Encode's layouts (an IMAGE batch [T, H, W, 3] is one clip)."""
+
+    def __init__(self, sd: dict):
+        import comfy.ldm.minimax.vae as mm
+        import comfy.ops
+        import comfy.utils
+        quant = comfy.utils.detect_layer_quantization(sd, "")
+        ops = {} if quant is None else dict(operations=comfy.ops.mixed_precision_ops(quant, torch.float16))
+        m = mm.MiniMaxH3VideoVAE(ch=32, ch_mult=(1,) * 6, num_res_blocks=1, **ops)
+        m.decoder = mm.ViT3DDecoder(num_layers=2, heads=2, dim_head=64, **ops)
+        missing, unexpected = m.load_state_dict(sd, strict=False)
+        if missing or unexpected:
+            raise RuntimeError(f"core tiny model: missing {missing}, unexpected {unexpected}")
+        self.first_stage_model = m.eval()
+
+    def decode(self, z):
+        return self.first_stage_model.decode(z).movedim(1, -1)
+
+    def encode(self, image):
+        return self.first_stage_model.encode(image.movedim(-1, 0)[None] * 2 - 1)
+
+
+def _minimax_core_build(w, meta):
+    return _MinimaxTiny(w.sd) if w.variant.startswith("tiny") else core_vae(w)
+
+
+def _minimax_core(w) -> None:
+    """Names the attention core called; the ``blend`` rows again with core 0.38.1's tiled decode grafted
+    (--newer-tiled-decode), or dropped without it (783545f6 stitches)."""
+    import comfy.ldm.minimax.vae as mm
+    w.info[w.stem]["model"] += f", {mm.optimized_attention.__name__}"
+    blend = [k for k in w.out if k.endswith("blend")]
+    for k in blend:
+        del w.out[k]
+    if blend and w.a.newer_tiled_decode:
+        newer_tiled_decode(mm, w.a.newer_tiled_decode)
+        for k in blend:
+            w.out[k] = w.fam.io.core_decode(w.v, w.inputs[k])
+
+
+def _minimax_load(run, path: Path):
+    """In the file's dtype, then cast: one copy of the weights at a time."""
+    import vae
+    return vae.load(path, dtype=None if run.variant == "tiny" else torch.float16).to(dtype=torch.float32)
+
+
+def _minimax_case(run, k: str, c: Case) -> None:
+    if k not in run.core:
+        print(f"{k}: needs --newer-tiled-decode (core 0.38.1's tiled decode)")
+        return
+    v, x, int8 = run.ours[next(iter(run.ours))], run.inputs[k], run.variant.endswith("int8")
+    ours = v.decode(x, tiling=k.rsplit(" ", 1)[1]) if c.op == "decode" else v.encode(x)
+    run.core_row(k, c, ours, "int8: per-row activation rounding" if int8 else "", parity=not int8)
+
+
+MINIMAX_FAMILY = Family(
+    title="MiniMax H3 video VAE (core: comfy/ldm/minimax/vae.py), random weights, fp32 compute",
+    doc="""Sizes (--sizes, a comma list; each its own table):
+- tiny: the published structure, narrow (encoder 6 levels of 32, ViT 2 blocks of 2 heads), random weights under
+  a fixed seed, built from core's own classes (MiniMaxH3VideoVAE with a small ViT3DDecoder; core's loader only
+  builds the published size). Every frame-count edge case and the tiles: rows `stitch` against the core given
+  (783545f6: each tile blended with its raw neighbours), rows `blend` against core with the tiled decode of PR
+  #16436 (core 0.38.1: each tile blended into what is already there), grafted onto the same class from
+  --newer-tiled-decode (a file with that version's _decode_tile_row and tiled_decode, read from
+  Comfy-Org/ComfyUI; not shipped here).
+- published: the published config (2.60 G parameters) with random weights stored fp16 as ComfyUI's
+  minimax_h3_video_vae_fp16.safetensors is (its layout, latent statistics included), loaded by core's
+  comfy.sd.VAE (its detection, dtype choice: fp32 on CPU, VAE Decode / Encode's calls) and by vae.load; each
+  side holds ~9.7 GiB (on a shared machine, run it alone; --tmp for the 4.9 GB file).
+- int8: that file quantized by core's own code (comfy_kitchen's int8 + Hadamard rotation, the format of
+  minimax_h3_video_vae_int8_convrot.safetensors), both sides running it as core does (activations quantized
+  per row, int8 matmuls).
+- tiny_int8: the tiny model stored fp16 and quantized the same way (rotation group 64: its widths are 128),
+  core's classes built with core's mixed_precision_ops as its loader does.
+Core runs under torch.no_grad: under inference mode (as ComfyUI runs nodes) core 783545f6's model patcher
+fails on the int8 file on CPU ("Cannot set version_counter for inference tensor", ops._quantized_apply).
+Time and memory beside core: bench/run.py decode --family minimax.
+Differences:
+- core's attention: on a CPU core picks its sub-quadratic attention (attention_sub_quad), on NVIDIA GPUs
+  PyTorch's scaled_dot_product_attention (attention_pytorch, what ours runs everywhere); --core-attention
+  pytorch runs core with --use-pytorch-cross-attention on the CPU; the header names the function core's
+  decoder called. The two differ by fp32 rounding (~1e-7), which the int8 files' per-row activation rounding
+  turns into larger differences (their rows are not parity).""",
+    cases=_minimax_cases, variants=lambda a: a.sizes.split(","), no_grad=True, files=_minimax_files,
+    workers={"quantize": _minimax_quantize}, core_build=_minimax_core_build, core_extra=_minimax_core,
+    load=_minimax_load, case_rows=_minimax_case,
+    options=lambda g: (g.add_argument("--sizes", default="tiny", help="minimax: tiny, published, int8, tiny_int8"),
+                       g.add_argument("--newer-tiled-decode", help="minimax: a file with core 0.38.1's "
+                                      "_decode_tile_row and tiled_decode (the blend rows)")),
+    dry=lambda: _dry({"tiny.safetensors": minimax_weights(MINIMAX_TINY)}, decode=("decode", (1, 24, 2, 5, 6)),
+                     encode=("encode", (1, 3, 5, 48, 64))))
+
+
 # the families by the name of --family
-FAMILIES = {"cogvideox": COGVIDEOX, "cosmos": COSMOS, "hunyuan_image": HUNYUAN_IMAGE_FAMILY, "seedvr2": SEEDVR2_FAMILY,
+FAMILIES = {"cogvideox": COGVIDEOX, "cosmos": COSMOS, "hunyuan_image": HUNYUAN_IMAGE_FAMILY,
+            "ltx_diffusion": LTX_DIFFUSION, "mage": MAGE, "minimax": MINIMAX_FAMILY, "seedvr2": SEEDVR2_FAMILY,
             "stage_a": STAGE_A, "svd": SVD_FAMILY, "taehv": TAEHV_FAMILY}

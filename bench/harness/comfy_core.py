@@ -92,17 +92,18 @@ SOCKET = IO(lambda v, z: v.decode(z), lambda v, x: v.encode(x), lambda h, z: soc
 
 @dataclass(frozen=True)
 class Family:
-    """A core comparison: ``files(run)`` -> {file name: tensors or (tensors, metadata)} at the published
-    config (``run.quick``: the narrow one where declared), or ``core_files(a, folder)`` writing them under
-    core's python (core's own classes); ``cases`` drawn in order from one generator seeded ``seed``, then
-    ``extra_inputs(g)`` from it (``quick``: the cases of ``--quick``); ``variants(a)``: the sizes run one after
-    the other; ``io`` where they meet each side. Core's side:
-    ``core_build(a, sd, metadata, stem)`` (default ``comfy.sd.VAE``), every case through ``io``, then
-    ``core_extra(w)`` (a ``Worker``) for the outputs only one family has. Ours: ``load(path, run)``
-    (default ``vae.load``), ``case_rows(run, name, case)`` per case (default: ``run.core_row``), then
-    ``rows(run)``. ``main(a)`` replaces the whole flow where a family has its own (sizes, time and
-    memory); ``dry()`` -> (files, cases) at a tiny size, ours only. ``doc``: the published config, how
-    core builds it and every documented difference, printed by ``--list``."""
+    """A core comparison: ``files(run)`` -> {file name: tensors or (tensors, metadata), or None for a file
+    it wrote itself} at the published config (``run.quick``: the narrow one where declared), or
+    ``core_files(w)`` writing them (and files.json) under core's python (core's own classes); ``cases``
+    drawn in order from one generator seeded ``seed``, then ``extra_inputs(g)`` from it (``quick``: the
+    cases of ``--quick``); ``variants(a)``: the sizes run one after the other; ``io`` where they meet each
+    side. Core's side: ``core_build(w, metadata)`` (default ``comfy.sd.VAE``), every case through ``io``
+    (under ``torch.no_grad`` where ``no_grad``, else inference mode as ComfyUI runs nodes), then
+    ``core_extra(w)`` (a ``Worker``) for the outputs only one family has; ``workers``: its other steps
+    under core's python. Ours: ``load(run, path)`` (default ``vae.load``), ``case_rows(run, name, case)``
+    per case (default: ``run.core_row``), then ``rows(run)``. ``dry()`` -> (files, cases) at a tiny size,
+    ours only. ``doc``: the published config, how core builds it and every documented difference, printed
+    by ``--list``."""
     title: str
     doc: str
     cases: dict = field(default_factory=dict)
@@ -118,7 +119,7 @@ class Family:
     case_rows: Optional[Callable] = None
     rows: Optional[Callable] = None
     options: Optional[Callable] = None
-    main: Optional[Callable] = None
+    no_grad: bool = False
     workers: dict = field(default_factory=dict)
     dry: Optional[Callable] = None
     relative_encode: bool = False

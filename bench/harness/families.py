@@ -146,8 +146,8 @@ def _ltx_zeros(v) -> None:
 
 def _minimax_writer(folder: Path) -> None:
     import torch
-    from comfyui_checks.compare_core_minimax import PUBLISHED, random_weights
-    _save(random_weights(PUBLISHED, torch.float16), folder / "minimax_h3_video_vae_fp16.safetensors")
+    from comfyui_checks.core_families import MINIMAX, minimax_weights
+    _save(minimax_weights(MINIMAX, torch.float16), folder / "minimax_h3_video_vae_fp16.safetensors")
 
 
 def _minimax_ours(tiling: str):
@@ -165,7 +165,7 @@ def _minimax_core_newer(a) -> None:
     from harness import comfy_core
     comfy_core.start(a.comfyui)
     import comfy.ldm.minimax.vae as mm
-    from comfyui_checks.compare_core_minimax import newer_tiled_decode
+    from comfyui_checks.core_families import newer_tiled_decode
     newer_tiled_decode(mm, a.newer_tiled_decode)
 
 
@@ -234,8 +234,25 @@ def _taeqi_reference(a, folder: Path):
 
 
 def _ltx_diffusion_writer(folder: Path) -> None:
-    from comfyui_checks import compare_core_ltx_diffusion as writer
-    writer.write_weights(folder)
+    from comfyui_checks.core_families import LTXD_FILE, ltx_diffusion_weights
+    from safetensors.torch import save_file
+    sd, metadata = ltx_diffusion_weights()
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / LTXD_FILE), metadata=metadata)
+
+
+def _mage_writer(folder: Path) -> None:
+    """The published Mage-VAE, every tensor drawn as compare_core.py --family mage draws core's, in the file
+    layout the templates load (with the two anchor tensors loaders drop)."""
+    import torch
+    _tests_on_path()
+    import mage_tiny
+    from comfyui_checks.core_families import drawn
+    from vae.archs import mage
+    cfg = mage_tiny.config(**mage_tiny.PUBLISHED)
+    cfg = dataclasses.replace(cfg, encoder=dataclasses.replace(cfg.encoder, head_ffn=4 * cfg.encoder.head))  # core's
+    with torch.device("meta"):
+        shapes = {k: p.shape for k, p in mage.MageVAE(cfg).state_dict().items()}
+    _save(mage_tiny.file_layout(drawn(shapes), anchor=True), folder / "mage_flow_vae.safetensors")
 
 
 # LTX-2's published flags (diffusers scripts/convert_ltx2_to_diffusers.py); its defaults say causal decoder
@@ -272,7 +289,9 @@ FAMILIES = {
                      size="512x768x25", plan_size="1088x1920x121"),
     "ltx_diffusion": Family("LTX-2.5 diffusion decoder (the shipped layout and metadata)", 128, 32, 8,
                             file="ltx-2.5-video-vae.safetensors", writer=_ltx_diffusion_writer, tile=128,
-                            size="256x256x17", plan_size="704x1280x121"),
+                            core_tiled=(512, 64, 64, 16), size="256x256x17", plan_size="704x1280x121"),
+    "mage": Family("Mage-VAE", 128, 16, file="mage_flow_vae.safetensors", writer=_mage_writer, tile=512,
+                   size="1024x1024x1"),
     "mochi": Family("Mochi", 12, 8, 6, diffusers="AutoencoderKLMochi", size="64x64x13"),
     "magvit": Family("EasyAnimate Magvit", 16, 8, 4, diffusers="AutoencoderKLMagvit", size="64x64x29"),
     "minimax": Family("MiniMax H3 (fp16 file, fp32 compute)", 24, 16, 17, file="minimax_h3_video_vae_fp16.safetensors",

@@ -126,12 +126,14 @@ def face(a, folder: Path):
 
 
 def core_call(a, folder: Path):
-    """comfy.sd.VAE on our file: its IMAGE [.., H, W, 3] back to our layout, clamped as we clamp."""
-    from safetensors.torch import load_file
+    """comfy.sd.VAE on our file (with its metadata, as Load VAE reads it): its IMAGE [.., H, W, 3] back to our
+    layout, clamped as we clamp."""
     from . import comfy_core
     family = FAMILIES[a.family]
     comfy_core.start(a.comfyui, pytorch_attention=a.run == "core_sdpa")
-    v = comfy_core.vae(a.comfyui, load_file(str(folder / family.file)))
+    import comfy.utils
+    sd, metadata = comfy.utils.load_torch_file(str(folder / family.file), return_metadata=True)
+    v = comfy_core.vae(a.comfyui, sd, metadata=metadata)
     tiled = a.run == "core_tiled"
     tile = (int(a.core_tile), int(a.core_tile) // 8, *family.core_tiled[2:]) if a.core_tile else family.core_tiled
     if a.op == "encode":

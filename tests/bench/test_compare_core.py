@@ -2,6 +2,7 @@
 doc and a dry build, ours loading a family's file at a tiny size, and --check's verdict on parity rows."""
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,8 +18,11 @@ from harness import comfy_core  # noqa: E402
 def test_every_family_declares_its_cases_doc_and_dry_build():
     for name, fam in FAMILIES.items():
         assert fam.doc.strip() and fam.dry, name
-        assert fam.cases or fam.main, name
-        assert all(c.op in ("decode", "encode") for c in (fam.cases.values() if isinstance(fam.cases, dict) else ()))
+        sizes = fam.variants(SimpleNamespace(sizes="tiny,published,int8,tiny_int8")) if fam.variants else [""]
+        for size in sizes:
+            cases = fam.cases(size) if callable(fam.cases) else fam.cases
+            assert cases and all(c.op in ("decode", "encode") for c in cases.values()), (name, size)
+            assert all(k in cases for k in fam.quick), name
 
 
 def test_list_names_every_family():
@@ -27,7 +31,8 @@ def test_list_names_every_family():
     assert all(f"{name}: " in out.stdout for name in FAMILIES)
 
 
-@pytest.mark.parametrize("family", ["stage_a", "seedvr2"])
+@pytest.mark.parametrize("family", ["stage_a", "seedvr2", *(pytest.param(f, marks=pytest.mark.slow)
+                                                         for f in ("ltx_diffusion", "mage", "minimax"))])
 def test_dry_builds_ours_on_the_family_file(family):
     out = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--family", family], capture_output=True, text=True,
                          timeout=600)

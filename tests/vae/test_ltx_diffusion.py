@@ -364,8 +364,8 @@ def test_memory_estimate_runs_on_the_meta_device():
 @pytest.mark.parametrize("dims,kernel", [((4, 9, 6), (3, 7, 7)), ((13, 12, 14), (11, 11, 11))])
 def test_brute_force_reference_attention_is_na3d(dims, kernel):
     """The tests' stand-in for diffusers' attention against the library's: two independent readings of
-    NATTEN's rule, windows shifted at the borders and shrunk to short axes (bench/comfyui_checks/compare_core_ltx_diffusion.py
-    checks both against comfy_kitchen.na3d)."""
+    NATTEN's rule, windows shifted at the borders and shrunk to short axes
+    (bench/comfyui_checks/compare_core.py --family ltx_diffusion checks both against comfy_kitchen.na3d)."""
     from vae.nn.neighborhood import neighborhood_attention
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, *dims, 2, 8, generator=g) for _ in range(3))

@@ -7,7 +7,7 @@ with fused q/k/v; several devices: tests/vae/test_distributed.py).
 
 Random weights of our own model at a tiny config (tests/mage_tiny.py): neither reference runs in CI
 (ComfyUI core has the class, diffusers only in an open PR). Parity with core at the published config:
-bench/comfyui_checks/compare_core_mage.py (figures in docs/families/mage.md)."""
+bench/comfyui_checks/compare_core.py --family mage (figures in docs/families/mage.md)."""
 from __future__ import annotations
 
 import logging

@@ -2,7 +2,7 @@
 tiles and chunks as the definition (both compositions), frame rules and ComfyUI's 1- and 2-latent rules,
 every layout users have (MiniMax's original, ComfyUI's fp16 and int8 files, diffusers), detection both
 ways, and the engine's schedule of the definition's units (progress, interrupt, memory, guard, compile).
-The comparison against ComfyUI core is bench/comfyui_checks/compare_core_minimax.py."""
+The comparison against ComfyUI core is bench/comfyui_checks/compare_core.py --family minimax."""
 from __future__ import annotations
 
 import contextlib
@@ -316,7 +316,8 @@ def test_int8_file_runs_as_comfyui(ours):
     int8 linear): activations rotated by the same Hadamard matrix in their dtype, quantized per row
     (row max / 127, rounded, clamped), an int8 matmul with exact integer sums, scaled back in float32.
     Checked against that arithmetic written out here (the sums in float64), and the decode within int8
-    rounding of the float file the int8 one stands for. Core itself: bench/comfyui_checks/compare_core_minimax.py."""
+    rounding of the float file the int8 one stands for. Core itself: bench/comfyui_checks/compare_core.py
+    --family minimax."""
     sd = _comfy(ours)
     q_sd, deq = _int8(sd, 64)                            # the tiny width is 128: groups of 64 (ComfyUI's 256 divide 2048)
     v8, vf = vae.from_state_dict(q_sd), vae.from_state_dict(deq)
