@@ -8,10 +8,8 @@ one H100, printing one markdown table (and writing it to ``--out``) line by line
     python3 bench/gpu_check.py --comfyui /path/to/ComfyUI      # adds row g, beside ComfyUI core
 
 docs/gpu.md says what each row (``ROWS``) measures, its target and its time. Each row runs in a process of
-its own that sends its lines as it measures them: a sticky CUDA error or a crash ends that row only (a line
-then says what it had reached and why its process ended), and its time limit is its share of the time left
-of ``--limit`` (``row_limit``). The plans are computed in helper processes on the host's other cores while
-the device works. Weights are random, drawn on the device under a fixed seed (bench/harness/configs.py).
+its own (``run_row``) within its share of the time left of ``--limit``; the plans are computed meanwhile in
+a thread of this one (``start_plans``). Weights are random, drawn under a fixed seed (bench/harness/configs.py).
 """
 from __future__ import annotations
 
@@ -29,11 +27,14 @@ import platform
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
+from unittest import mock
 
 sys.path[:0] = [p for p in (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
                 if p not in sys.path]
@@ -91,15 +92,11 @@ class Table:
     HEAD = "| row | case | result | figures | target | s |\n|---|---|---|---|---|---:|"
 
     def __init__(self, out: Optional[Path]):
-        self.out = out
-        if out:
-            out.write_text("")
+        self.out = out.open("w", buffering=1) if out else None
 
     def write(self, text: str) -> None:
         print(text, flush=True)
-        if self.out:
-            with self.out.open("a") as f:
-                f.write(text + "\n")
+        self.out and print(text, file=self.out, flush=True)
 
     def line(self, row: str, line: Line, seconds: float) -> None:
         cells = [row, *line, f"{seconds:.1f}"]
@@ -111,13 +108,14 @@ class TimeUp(BaseException):
 
 
 class Env:
-    """The run's options; in a row's process also its deadline, its plans, the calibration points measured
-    so far, and what it has reached (each sent to the check as it comes)."""
+    """The run's options; in a row's process also its deadline, the calibration points measured so far, and
+    the pipe to the check: its lines, points and what it has reached go there as they come."""
 
-    def __init__(self, a, until: float, limit: float, conn=None, jobs=None, points=()):
-        self.a, self.until, self.limit, self.conn, self.jobs = a, until, limit, conn, jobs or {}
+    def __init__(self, a, until: float, limit: float, conn=None, points=()):
+        self.a, self.until, self.limit, self.conn = a, until, limit, conn
         self.device, self.host = torch.device(a.device), torch.device("cpu")
         self.cuda, self.small, self.comfyui = self.device.type == "cuda", a.small, a.comfyui
+        self.half = torch.bfloat16 if self.cuda else torch.float32    # rows b-g (the CPU's bf16 convolutions are slow)
         self.points: list = list(points)          # (case, live, allocated, reserved)
         self.reached, self.meter = "", None
 
@@ -127,16 +125,12 @@ class Env:
     def label(self, family: str) -> str:
         return {"wan": "Wan 2.1", "kl": "SDXL-shape KL"}[family] + (" (test config)" if self.small else "")
 
-    def half(self) -> torch.dtype:
-        """The dtype of rows b-g: bf16 on a GPU, fp32 on the CPU (whose bf16 convolutions are slow)."""
-        return torch.bfloat16 if self.cuda else torch.float32
-
     def left(self) -> float:
         return self.until - time.time()
 
-    def send(self, *message) -> None:
+    def send(self, kind: str, message) -> None:
         if self.conn is not None:
-            self.conn.send(message)
+            self.conn.send((kind, message))
 
     def reach(self, text: str) -> None:
         """What the row has reached, sent at once: if its process dies, the check still prints it."""
@@ -148,32 +142,30 @@ class Env:
         self.points.append((case, live, peak.allocated, peak.reserved))
         self.send("point", self.points[-1])
 
-    def job(self, key: str):
-        kind, value = self.jobs[key]
+    def plan(self, key: str) -> dict:
+        """A plan computed by the check (``start_plans``), asked for and waited on."""
+        self.send("plan", key)
+        kind, value = self.conn.recv()
         if kind == "error":
-            raise RuntimeError(f"in a helper process: {value}")
+            raise RuntimeError(f"planning {key}: {value}")
         return value
 
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
 
-
-# ---- measuring ----------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Peak:
+class Peak(NamedTuple):
     seconds: float
-    allocated: int       # CUDA: max_memory_allocated - allocated before; CPU: peak RSS - RSS before
-    reserved: int        # CUDA: max_memory_reserved - reserved before; CPU: the same as allocated
-    host: int            # peak RSS - RSS before (output, maps, staging buffers)
-    how: str = "VmHWM"   # how the host peak was found (harness.measure.HostPeak)
+    allocated: int       # CUDA: max_memory_allocated above before; CPU: peak RSS above before
+    reserved: int        # CUDA: max_memory_reserved above before; CPU: as allocated
+    host: int            # peak RSS above before (output, maps, staging buffers)
+    how: str             # how the host peak was found (harness.measure.HostPeak)
 
     def text(self, cuda: bool) -> str:
-        if cuda:
-            return (f"allocated {mib(self.allocated)}, reserved {mib(self.reserved)}, host {mib(self.host)} "
-                    f"({self.how}), {self.seconds:.1f} s")
-        return f"working set {mib(self.allocated)} ({self.how}), {self.seconds:.1f} s"
+        return memory(cuda, *self[1:]) + f", {self.seconds:.1f} s"
+
+
+def memory(cuda: bool, allocated: int, reserved: int, host: int, how: str, tail: str = "") -> str:
+    if cuda:
+        return f"allocated{tail} {mib(allocated)}, reserved{tail} {mib(reserved)}, host{tail} {mib(host)} ({how})"
+    return f"working set{tail} {mib(allocated)} ({how})"
 
 
 def mib(n: float) -> str:
@@ -184,41 +176,36 @@ def short(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def peaks(env: Env, a0: int, r0: int, host: HostPeak) -> tuple[int, int, int, str]:
+    if not env.cuda:
+        return host.bytes(), host.bytes(), host.bytes(), host.method
+    return (torch.cuda.max_memory_allocated(env.device) - a0, torch.cuda.max_memory_reserved(env.device) - r0,
+            host.bytes(), host.method)
+
+
 def measured(env: Env, fn: Callable[[], object]) -> tuple[object, Peak]:
     """``fn()``, its time and the peaks of what it added on the device and the host."""
     gc.collect()
     a0 = r0 = 0
     if env.cuda:
-        env.sync()
+        torch.cuda.synchronize(env.device)
         torch.cuda.empty_cache()
         a0, r0 = torch.cuda.memory_allocated(env.device), torch.cuda.memory_reserved(env.device)
         torch.cuda.reset_peak_memory_stats(env.device)
     with HostPeak() as host:
-        env.meter = (a0, r0, host)
+        env.meter, t0 = (a0, r0, host), time.perf_counter()
         try:
-            t0 = time.perf_counter()
             out = fn()
-            env.sync()
+            env.cuda and torch.cuda.synchronize(env.device)
             seconds = time.perf_counter() - t0
         finally:
             env.meter = None
-    alloc = res = host.bytes()
-    if env.cuda:
-        alloc = torch.cuda.max_memory_allocated(env.device) - a0
-        res = torch.cuda.max_memory_reserved(env.device) - r0
-    return out, Peak(seconds, alloc, res, host.bytes(), host.method)
+    return out, Peak(seconds, *peaks(env, a0, r0, host))
 
 
 def so_far(env: Env) -> str:
     """What the measurement running now has used so far (device and host peaks above its start)."""
-    if env.meter is None:
-        return "no measurement running"
-    a0, r0, host = env.meter
-    text = f"{mib(host.bytes())} ({host.method})"
-    if not env.cuda:
-        return f"working set so far {text}"
-    return (f"allocated so far {mib(torch.cuda.max_memory_allocated(env.device) - a0)}, reserved so far "
-            f"{mib(torch.cuda.max_memory_reserved(env.device) - r0)}, host so far {text}")
+    return memory(env.cuda, *peaks(env, *env.meter), " so far") if env.meter else "no measurement running"
 
 
 def progress(env: Env, what: str) -> Callable[[int, int], None]:
@@ -246,17 +233,6 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 def rel_rms(a: torch.Tensor, ref: torch.Tensor) -> float:
     a, ref = a.double().cpu(), ref.double().cpu()
     return float((a - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-12))
-
-
-@contextlib.contextmanager
-def no_tf32():
-    """fp32 on the device as fp32 (cuDNN's default lets convolutions round inputs to TF32)."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @contextlib.contextmanager
@@ -312,55 +288,42 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" + (f" ({Path(where.filename).name}:{where.lineno})" if where else "")
 
 
-# ---- the plans, in helper processes ------------------------------------------------------------------
-
-def plan_job(models: str, family: str, op: str, shape: tuple, budget, device_type: str, tile=None) -> dict:
-    """On the meta device: the planner's choice for ``budget`` (bytes, or ("tile", px): the most any exact
-    tiling of at most px pixels is predicted to need, which the planner's search may try, plus 1 MiB), or,
-    with ``tile``, the prediction of that exact call (0: one pass)."""
+def plan_job(family: str, op: str, shape: tuple, budget, env: Env) -> dict:
+    """On the meta device: the planner's choice for ``budget``: bytes, or ("tile", px): the most any exact
+    tiling of at most px pixels is predicted to need, plus 1 MiB."""
     from vae.engine import budget as planner
-    torch.set_num_threads(1)
-    dtype = torch.bfloat16 if device_type == "cuda" else torch.float32
-    v = configs.build(getattr(configs, models)[family], "meta", dtype)
-    dev, host, t0 = torch.device(device_type), torch.device("cpu"), time.perf_counter()
-    if tile is not None:
-        p = planner.predict(v, v.call_for(op, shape, tile=tile, mode="exact"), dev, host)
-        return dict(device=p.device, live=p.live)
+    v, dev, t0 = configs.build(env.entry(family), "meta", env.half), env.device, time.perf_counter()
     most = budget[1] if isinstance(budget, tuple) else None
     call = v.call_for(op, shape, tile=most or 4096, mode="exact")
 
     def need(t: int) -> int:
         with contextlib.suppress(Exception):      # tiles the input checks refuse are not tried either
-            return planner.on_device(planner.predict(v, dataclasses.replace(call, tile=t), dev, host), dev, host, host)
+            p = planner.predict(v, dataclasses.replace(call, tile=t), dev, env.host)
+            return planner.on_device(p, dev, env.host, env.host)
         return 0
-    if most:
-        budget = max(need(t) for t in planner._candidates(v, call, most)) + MIB
-    p = planner.plan(v, call, budget, dev, host, host)
+    budget = max(need(t) for t in planner._candidates(v, call, most)) + MIB if most else budget
+    p = planner.plan(v, call, budget, dev, env.host, env.host)
     return dict(tile=p.call.tile, tile_frames=p.call.tile_frames, device=p.on_device(), live=p.prediction.live,
                 most=most, maps=p.prediction.maps, output=p.prediction.output, budget=budget,
                 describe=p.describe(), seconds=time.perf_counter() - t0)
 
 
-def k_points(env: Env) -> list[tuple[str, tuple, Optional[int]]]:
-    cal = CALIBRATE if env.a.calibrate and not env.small else SIZES[env.small]
-    return [(fam, hwt, tile) for fam in ("wan", "kl") for hwt, tile in cal[f"k_{fam}"]]
+def start_plans(env: Env, rows: str) -> dict[str, Future]:
+    """Every plan the rows will ask for, computed one after another in the rows' order by a thread of this
+    process (a core of the host while the device works); key: its row's letter first."""
+    todo = [(key, (fam, op, shape_of(env.entry(fam), op, SIZES[env.small][key][0]), SIZES[env.small][key][1], env))
+            for row in rows for key, (fam, op, _, _) in BUDGET.items() if key[0] == row]
+    plans = {key: Future() for key, _ in todo}
 
+    def work() -> None:
+        for key, args in todo:
+            try:
+                plans[key].set_result(plan_job(*args))
+            except Exception as e:     # noqa: BLE001 - the row that needs it reports it
+                plans[key].set_exception(e)
+    threading.Thread(target=work, daemon=True).start()       # daemon: a plan no row waits for ends with the run
+    return plans
 
-def submit_jobs(env: Env, pool: ProcessPoolExecutor, rows: str) -> dict:
-    """Every plan the rows will ask for, submitted up front in the rows' order; key: its row's letter first."""
-    models, dev, jobs = "TEST" if env.small else "PUBLISHED", env.device.type, {}
-    for row in rows:
-        for key, (fam, op, _, _) in BUDGET.items():
-            if key[0] == row:
-                hwt, budget = SIZES[env.small][key]
-                jobs[key] = pool.submit(plan_job, models, fam, op, shape_of(env.entry(fam), op, hwt), budget, dev)
-        for fam, hwt, tile in k_points(env) if row == "k" else ():
-            jobs[f"k {fam} {hwt} {tile}"] = pool.submit(plan_job, models, fam, "decode",
-                                                        shape_of(env.entry(fam), "decode", hwt), None, dev, tile or 0)
-    return jobs
-
-
-# ---- row a: every family, every dtype ------------------------------------------------------------------
 
 def row_a(env: Env):
     for family in env.a.families.split(",") if env.a.families else configs.TEST:
@@ -381,24 +344,21 @@ def family_line(env: Env, family: str) -> Line:
     cpu = configs.build(configs.TEST[family], "cpu", seed=0)
     c, g = cpu.caps, torch.Generator().manual_seed(0)
     s, t = 2 * c.spatial_ratio_packed, ((2,), (1 + c.temporal_ratio,)) if cpu.is_video else ((), ())
-    z = torch.randn(1, c.latent_channels_packed, *t[0], 2, 2, generator=g)
-    x = torch.rand(1, c.image_channels, *t[1], s, s, generator=g) if c.can_encode else None
+    inp = dict(decode=torch.randn(1, c.latent_channels_packed, *t[0], 2, 2, generator=g),
+               **(dict(encode=torch.rand(1, c.image_channels, *t[1], s, s, generator=g)) if c.can_encode else {}))
     dtypes = (torch.float32,) + ((torch.bfloat16, torch.float16) if not env.small or family in SMALL_FAMILIES else ())
-    figures, ok = [], True
-    for op, inp in (("decode", z), ("encode", x)) if x is not None else (("decode", z),):
-        parts, want = [], getattr(cpu, op)(inp)
+    figures, ok, known = [], True, [op for fam, op in HALF_AGAINST_HALF if fam == family]
+    for op, x in inp.items():
+        parts, want = [], getattr(cpu, op)(x)
         for dtype in dtypes:
-            half = dtype != torch.float32
-            ref = getattr(copied(cpu, env.host, dtype), op)(inp) if half and (family, op) in HALF_AGAINST_HALF else want
-            v = copied(cpu, env.device, dtype)
-            with no_tf32():
-                got = getattr(v, op)(inp)
+            half, v = dtype != torch.float32, copied(cpu, env.device, dtype)
+            ref = getattr(copied(cpu, env.host, dtype), op)(x) if half and op in known else want
+            got = getattr(v, op)(x)
             err = (rel_rms(got, ref) if half else max_abs(got.cpu(), ref)) if torch.isfinite(got).all() else math.inf
             ok &= err <= (HALF_TOLERANCE[op, dtype] if half else 1e-4)
-            parts.append(f"{short(dtype)} {err:.1e}" if err < math.inf else f"{short(dtype)} non-finite")
-            parts[-1] += f" (upcast {upcast(v)})" if upcast(v) else ""
+            parts.append(f"{short(dtype)} " + (f"{err:.1e}" if err < math.inf else "non-finite")
+                         + (f" (upcast {upcast(v)})" if upcast(v) else ""))
         figures.append(f"{op}: " + ", ".join(parts))
-    known = [op for fam, op in HALF_AGAINST_HALF if fam == family]
     return Line(f"{family} (test config)", "ok" if ok else "FAIL", "; ".join(figures),
                 "fp32 max abs <= 1e-4; half: rel RMS vs CPU fp32 (docs/gpu.md)"
                 + (f"; {known[0]} half vs the CPU's half" if known else ""))
@@ -433,14 +393,11 @@ def exact_line(env: Env, family: str) -> Line:
     after tile with maps in host memory (TAESD; Qwen-Image 2.1 = Wan's code in 2-D)."""
     cpu = configs.build(configs.TEST[family], "cpu", seed=0)
     z = torch.randn(1, cpu.caps.latent_channels_packed, 8, 8, generator=torch.Generator().manual_seed(2))
-    with no_tf32():
-        err = max_abs(copied(cpu, env.device, torch.float32).decode(
-            z, tile=4 * cpu.caps.spatial_ratio_packed, mode="exact"), cpu.decode(z))
+    err = max_abs(copied(cpu, env.device, torch.float32).decode(z, tile=4 * cpu.caps.spatial_ratio_packed, mode="exact"),
+                  cpu.decode(z))
     return Line(f"{family}: exact 2x2 tiles on the device", "ok" if err <= 1e-4 else "FAIL",
                 f"max abs {err:.1e} vs CPU fp32 one pass", "<= 1e-4")
 
-
-# ---- rows b, c, d: exact tiles in a budget -------------------------------------------------------------
 
 def budget_line(env: Env, case: str, peak: Peak, plan: dict, err: float, ref: Optional[Peak], note: str,
                 extra: str = "") -> Line:
@@ -464,18 +421,15 @@ def budget_lines(env: Env, key: str):
     from vae.engine import budget as planner
     from vae.engine import transfer
     fam, op, seed, shows = BUDGET[key]
-    (h, w, t), entry, dtype, plan = SIZES[env.small][key][0], env.entry(fam), env.half(), env.job(key)
-    v, x = configs.build(entry, env.device, dtype), inputs(entry, op, (h, w, t), seed)
-    call = getattr(v, op)
-    name = f"{env.label(fam)}{' encode' if op == 'encode' else ''} {w}x{h}" + (f"x{t}" if t > 1 else "") + f" {short(dtype)}"
-    user, most = key == "b", (f" (tiles at most {plan['most']} px)" if plan["most"] else "")
-    case = f"{name}: exact in {mib(plan['budget'])}{shows}" + (most if user else "")
-    if user:
-        kw = dict(budget=plan["budget"], **(dict(tile=plan["most"]) if plan["most"] else {}))
-        for warm in (dict(), dict(tile=64, mode="exact")):      # first kernels and workspaces, outside the timings
-            v.decode(x[:, :, :2, :16, :16], **warm)
-    else:
-        kw = dict(tile=plan["tile"], tile_frames=plan["tile_frames"])
+    (h, w, t), entry, plan, user = SIZES[env.small][key][0], env.entry(fam), env.plan(key), key == "b"
+    v, x = configs.build(entry, env.device, env.half), inputs(entry, op, (h, w, t), seed)
+    call, most = getattr(v, op), f" (tiles at most {plan['most']} px)" if user and plan["most"] else ""
+    name = f"{env.label(fam)}{' encode' * (op == 'encode')} {w}x{h}{f'x{t}' * (t > 1)} {short(env.half)}"
+    case = f"{name}: exact in {mib(plan['budget'])}{shows}{most}"
+    # as a user calls it: the budget (--small: and a tile of at most this size), the planning inside the call
+    kw = dict(budget=plan["budget"], tile=plan["most"]) if user else dict(tile=plan["tile"], tile_frames=plan["tile_frames"])
+    for warm in (dict(), dict(tile=64, mode="exact")) if user else ():    # first kernels, workspaces: not timed
+        v.decode(x[:, :, :2, :16, :16], **warm)
     start = []
     with logged() as records:
         out, pe = measured(env, lambda: start.append(time.time()) or call(
@@ -500,46 +454,32 @@ def budget_lines(env: Env, key: str):
                  + ("" if planned and plan["describe"] in planned[0].getMessage() else
                     f"; the call planned otherwise: {planned[0].getMessage() if planned else '?'}"))
     else:
-        extra = (f"plan {plan['seconds']:.0f} s in a helper process; host held maps {mib(plan['maps'])} + output "
-                 f"{mib(plan['output'])} predicted")
+        extra = (f"planned in {plan['seconds']:.0f} s beside the device's work; host held maps {mib(plan['maps'])} + "
+                 f"output {mib(plan['output'])} predicted")
     yield budget_line(env, case, pe, plan, err, p1, note, extra)
     del out
     if user and not env.cuda:
         yield Line(f"{name}: no empty_cache between stages", NEEDS_CUDA,
                    "the caching allocator's reserved bytes exist on CUDA only")
     elif user and env.left() > 2 * pe.seconds:
-        transfer.EMPTY_CACHE_BETWEEN_STAGES = False
-        try:
+        with mock.patch.object(transfer, "EMPTY_CACHE_BETWEEN_STAGES", False):
             _, p2 = measured(env, lambda: v.decode(x, tile=plan["tile"], tile_frames=plan["tile_frames"], mode="exact"))
-        finally:
-            transfer.EMPTY_CACHE_BETWEEN_STAGES = True
         yield Line(f"{name}: the same plan, no empty_cache between stages", "info",
                    f"{p2.text(env.cuda)} (with it: reserved {mib(pe.reserved)}, {pe.seconds:.1f} s incl. planning)",
                    "where empty_cache pays: reserved with vs without")
 
 
-def row_b(env: Env):
-    return budget_lines(env, "b")
+def budget_rows(env: Env, keys: tuple):
+    for key in keys:
+        yield from guarded(f"{key}: exact tiles in a budget", budget_lines, env, key)
 
-
-def row_c(env: Env):
-    return budget_lines(env, "c")
-
-
-def row_d(env: Env):
-    yield from guarded("tiled encode in a budget", budget_lines, env, "d_enc")
-    yield from guarded("parked rounds in a budget", budget_lines, env, "d_kl")
-
-
-# ---- row e: the replan ---------------------------------------------------------------------------------
 
 def row_e(env: Env):
     (h, w, t), entry = SIZES[env.small]["e"], env.entry("wan")
     v, z = configs.build(entry, env.device, torch.float32), inputs(entry, "decode", (h, w, t), 5)
-    with no_tf32():
-        ref, p1 = measured(env, lambda: v.decode(z))
-        with capped(env, v, p1) as (cap, base), logged(logging.WARNING) as records:
-            out, pr = measured(env, lambda: v.decode(z))
+    ref, p1 = measured(env, lambda: v.decode(z))
+    with capped(env, v, p1) as (cap, base), logged(logging.WARNING) as records:
+        out, pr = measured(env, lambda: v.decode(z))
     retries = [r for r in records if "retrying with" in r.getMessage()]
     err, held = max_abs(out, ref), [mib(r.allocated - base) for r in retries if r.allocated >= 0]
     ok = bool(retries) and "exact" in retries[-1].getMessage() and err <= 1e-4
@@ -563,20 +503,18 @@ def capped(env: Env, v, one_pass: Peak):
     out-of-memory error a device raises (the replan after it is the same code)."""
     if env.cuda:
         base = torch.cuda.memory_allocated(env.device)
-        cap = base + int(0.6 * one_pass.allocated)
+        cap, total = base + int(0.6 * one_pass.allocated), torch.cuda.get_device_properties(env.device).total_memory
         torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(env.device).total_memory,
-                                                   env.device)
+        torch.cuda.set_per_process_memory_fraction(cap / total, env.device)
         try:
             yield cap, base
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, env.device)
         return
-    real, calls = v.model.decode, []
+    real, first = v.model.decode, iter([True])
 
     def failing_once(*a, **k):         # one pass fails mid-forward, as a capped device would make it
-        calls.append(1)
-        if len(calls) == 1:
+        if next(first, False):
             raise torch.OutOfMemoryError("out of memory (as a capped device would raise it)")
         return real(*a, **k)
     v.model.decode = failing_once
@@ -586,23 +524,24 @@ def capped(env: Env, v, one_pass: Peak):
         v.model.decode = real
 
 
-# ---- row k: calibration ----------------------------------------------------------------------------------
-
 def row_k(env: Env):
+    """Calibration points: the measured peaks against the prediction; then the fit over the run's points."""
+    cal = CALIBRATE if env.a.calibrate and not env.small else SIZES[env.small]
     for fam in ("wan", "kl"):
-        yield from guarded(f"{fam} points", k_lines, env, fam)
+        yield from guarded(f"{fam} points", k_lines, env, fam, cal[f"k_{fam}"])
     yield from fit_lines(env)
 
 
-def k_lines(env: Env, fam: str):
-    v = configs.build(env.entry(fam), env.device, env.half())
-    for f, (h, w, t), tile in k_points(env):
-        if f == fam:
-            z, pred = inputs(env.entry(fam), "decode", (h, w, t), 6), env.job(f"k {fam} {(h, w, t)} {tile}")
-            _, peak = measured(env, lambda: v.decode(z, **(dict(tile=tile, mode="exact") if tile else {})))
-            case = f"{fam} {w}x{h}x{t} " + (f"exact {tile} px" if tile else "one pass")
-            env.point(case, pred["live"], peak)
-            yield Line(case, "info", f"live {mib(pred['live'])} predicted {mib(pred['device'])}; {peak.text(env.cuda)}")
+def k_lines(env: Env, fam: str, points: list):
+    from vae.engine import budget as planner
+    v = configs.build(env.entry(fam), env.device, env.half)
+    for (h, w, t), tile in points:
+        z = inputs(env.entry(fam), "decode", (h, w, t), 6)
+        pred = planner.predict(v, v.call_for("decode", z.shape, tile=tile or 0, mode="exact"), env.device, env.host)
+        _, peak = measured(env, lambda: v.decode(z, **(dict(tile=tile, mode="exact") if tile else {})))
+        case = f"{fam} {w}x{h}x{t} " + (f"exact {tile} px" if tile else "one pass")
+        env.point(case, pred.live, peak)
+        yield Line(case, "info", f"live {mib(pred.live)} predicted {mib(pred.device)}; {peak.text(env.cuda)}")
 
 
 def fit(points: list[tuple[int, int]]) -> tuple[float, int, int]:
@@ -642,12 +581,10 @@ def fit_lines(env: Env):
                f'{datetime.date.today().isoformat()}")', "vae/engine/memory.py (every point under the line)")
 
 
-# ---- rows f, g, n ----------------------------------------------------------------------------------------
-
 def row_f(env: Env):
     """Compile VAE on the KL decoder against eager (time, equality), and exact tiles through it."""
     from vae.compile import compile_vae
-    dtype, backend, (h, w, t) = env.half(), "inductor" if env.cuda else "aot_eager", SIZES[env.small]["f"]
+    dtype, backend, (h, w, t) = env.half, "inductor" if env.cuda else "aot_eager", SIZES[env.small]["f"]
     v, z = configs.build(env.entry("kl"), env.device, dtype), inputs(env.entry("kl"), "decode", (h, w, t), 7)
     v.decode(z)
     eager, pe = measured(env, lambda: v.decode(z))
@@ -682,7 +619,7 @@ def row_g(env: Env):
     import comfy.sd
 
     from vae.archs.wan_layout import to_original
-    (h, w, t), dtype = SIZES[env.small]["g"], env.half()
+    (h, w, t), dtype = SIZES[env.small]["g"], env.half
     v = configs.build(env.entry("wan"), env.device, dtype)
     core = comfy.sd.VAE(sd={k: x.contiguous() for k, x in to_original(v.state_dict(), nested=False).items()})
     z = inputs(env.entry("wan"), "decode", (h, w, t), 8)
@@ -707,7 +644,7 @@ def row_n(env: Env):
 
     import vae
     from vae.workers import Pool
-    devices, dtype, (h, w, t) = ["cuda:0", "cuda:1"] if env.cuda else ["cpu", "cpu"], env.half(), SIZES[env.small]["n"]
+    devices, dtype, (h, w, t) = ["cuda:0", "cuda:1"] if env.cuda else ["cpu", "cpu"], env.half, SIZES[env.small]["n"]
     z, tile = inputs(env.entry("wan"), "decode", (h, w, t), 9), 16 * max(1, w // 64)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         save_file({k: x.contiguous().cpu() for k, x in configs.build(env.entry("wan"), env.device, dtype)
@@ -725,16 +662,11 @@ def row_n(env: Env):
                f"{p2.text(env.cuda)}; max abs {err:.1e} vs one device", "<= 1e-4 vs one device's exact tiles")
 
 
-ROWS = {"a": ("every family, every dtype", row_a), "b": ("720p x 81 in 4 GiB", row_b),
-        "d": ("encode and parked rounds in a budget", row_d), "e": ("the replan", row_e),
-        "k": ("calibration", row_k), "c": ("1080p x 241 in 4 GiB", row_c), "f": ("Compile VAE", row_f),
+ROWS = {"a": ("every family, every dtype", row_a), "b": ("720p x 81 in 4 GiB", partial(budget_rows, keys=("b",))),
+        "d": ("encode and parked rounds in a budget", partial(budget_rows, keys=("d_enc", "d_kl"))),
+        "e": ("the replan", row_e), "k": ("calibration", row_k),
+        "c": ("1080p x 241 in 4 GiB", partial(budget_rows, keys=("c",))), "f": ("Compile VAE", row_f),
         "g": ("beside ComfyUI core", row_g), "n": ("several devices", row_n)}
-
-
-# ---- the run: each row in a process of its own -----------------------------------------------------------
-
-def estimate(env, key: str) -> float:
-    return ESTIMATE_S[key][1 if env.small else 0]
 
 
 def skip_reason(env, key: str) -> Optional[str]:
@@ -750,7 +682,7 @@ def row_limit(env, key: str, rest: str) -> float:
     """Row ``key``'s time limit: its share of the time left, in proportion to its estimate among the rows
     still to run (``key``, then ``rest``): a row slower than estimated takes no time from the rows after it,
     and the time a row leaves unused goes to them."""
-    weights = {k: estimate(env, k) for k in key + rest if not skip_reason(env, k)}
+    weights = {k: ESTIMATE_S[k][env.small] for k in key + rest if not skip_reason(env, k)}
     return env.left() * weights[key] / sum(weights.values())
 
 
@@ -758,30 +690,28 @@ def alarm(*_) -> None:
     raise TimeUp()
 
 
-def child(a, title: str, fn, until: float, limit: float, jobs: dict, points: list, conn, stderr: str):
-    """A row's process: its own session (ending it ends what it started), its output to ``stderr``, its
-    lines and what it reached sent as they come; stopped at ``until`` with a line saying what it reached.
-    Ends without tearing the device's context down (a sticky CUDA error can make that hang or crash)."""
+def child(a, title: str, fn, until: float, limit: float, points: list, conn, output: str) -> None:
+    """A row's process: its own session (ending it ends what it started), its output to the file ``output``,
+    its lines and what it reached sent as they come; stopped at ``until`` with a line saying what it
+    reached. Ends without tearing the device's context down (a sticky CUDA error can make that hang)."""
     os.setsid()
-    fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    env, t0 = Env(a, until, limit, conn, jobs, points), time.perf_counter()
+    # fp32 on the device as fp32 (cuDNN's default lets convolutions round inputs to TF32); bf16 is unchanged
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    env = Env(a, until, limit, conn, points)
     signal.signal(signal.SIGALRM, alarm)
     signal.alarm(max(1, math.ceil(env.left())))
-
-    def out(line: Line) -> None:
-        nonlocal t0
-        env.send("line", tuple(line), time.perf_counter() - t0)
-        env.reached, t0 = "", time.perf_counter()
     try:
         for line in fn(env):
-            out(line)
+            env.reached = ""
+            env.send("line", tuple(line))
     except TimeUp:
-        out(Line(title, "stopped", f"at its limit ({limit:.0f} s) inside the row; reached: "
-                 f"{env.reached or 'nothing measured since its last line'}"))
+        env.send("line", (title, "stopped", f"at its limit ({limit:.0f} s) inside the row; reached: "
+                          f"{env.reached or 'nothing measured since its last line'}"))
     except Exception as e:      # noqa: BLE001 - one row's failure is reported in its line
-        out(Line(title, "error", error_text(e) + (f"; reached: {env.reached}" if env.reached else "")))
+        env.send("line", (title, "error", error_text(e) + (f"; reached: {env.reached}" if env.reached else "")))
     finally:
         signal.alarm(0)
         sys.stdout.flush()
@@ -789,43 +719,40 @@ def child(a, title: str, fn, until: float, limit: float, jobs: dict, points: lis
         os._exit(0)
 
 
-def run_row(env: Env, table: Table, key: str, rest: str, jobs: dict, points: list, run_dir: str) -> None:
+def run_row(env: Env, table: Table, key: str, rest: str, plans: dict, points: list, run_dir: str) -> None:
     """Row ``key`` in a process of its own within its share of the time left (``rest``: the rows after it):
-    its lines written as they come; where the process dies, a line with what it had reached and why it
-    ended; where it overruns its limit by ``GRACE_S``, it is killed with what it started."""
+    its lines written as they come (each with the seconds since the last), the plans it asks for sent; where
+    its process dies, a line with what it had reached and why it ended; where it overruns its limit by
+    ``GRACE_S``, it is killed with what it started."""
     title, fn = ROWS[key]
     why = skip_reason(env, key)
     limit = 0 if why else row_limit(env, key, rest)
     if why or limit < MIN_ROW_S:
-        return table.line(key, Line(title, "skipped", why or f"needs ~{estimate(env, key):.0f} s; its share of the "
+        return table.line(key, Line(title, "skipped", why or f"needs ~{ESTIMATE_S[key][env.small]} s; its share of the "
                                     f"{env.left():.0f} s left of {env.limit:.0f} s is {limit:.0f} s"), 0)
-    until, stderr = time.time() + limit, f"{run_dir}/row_{key}.stderr"
-    mine = {}
-    for k, future in jobs.items():        # the plans this row reads (its letter first), as they come
-        if k[0] == key:
-            try:
-                mine[k] = ("ok", future.result(timeout=max(0.0, until - time.time())))
-            except Exception as e:     # noqa: BLE001 - the row that needs it reports it
-                mine[k] = ("error", error_text(e) if str(e) else f"no plan in the row's time ({type(e).__name__})")
-    ctx = multiprocessing.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=child, args=(env.a, title, fn, until, limit, mine, points, send, stderr))
+    until, output, ctx = time.time() + limit, f"{run_dir}/row_{key}.out", multiprocessing.get_context("spawn")
+    conn, theirs = ctx.Pipe()
+    proc = ctx.Process(target=child, args=(env.a, title, fn, until, limit, points, theirs, output))
     proc.start()
-    send.close()
+    theirs.close()
     reached, killed, t0 = "", False, time.perf_counter()
     try:
-        while True:
-            if not receive.poll(max(0.1, until + GRACE_S - time.time())):
-                killed = True
-                break
-            kind, *message = receive.recv()
+        while not (killed := not conn.poll(max(0.1, until + GRACE_S - time.time()))):
+            kind, message = conn.recv()
             if kind == "line":
-                table.line(key, Line(*message[0]), message[1])
+                table.line(key, Line(*message), time.perf_counter() - t0)
                 reached, t0 = "", time.perf_counter()
+            elif kind == "plan":
+                try:
+                    answer = ("ok", plans[message].result(timeout=max(0.0, until - time.time())))
+                except Exception as e:     # noqa: BLE001 - the row reports it
+                    answer = ("error", error_text(e) if str(e) else f"not planned in the row's time ({type(e).__name__})")
+                with contextlib.suppress(OSError):
+                    conn.send(answer)
             elif kind == "point":
-                points.append(message[0])
+                points.append(message)
             else:
-                reached = message[0]
+                reached = message
     except EOFError:            # its end of the pipe closed: the process has ended
         pass
     finally:
@@ -833,13 +760,12 @@ def run_row(env: Env, table: Table, key: str, rest: str, jobs: dict, points: lis
             with contextlib.suppress(OSError):
                 end()
         proc.join(30)
-    reached = reached or "nothing measured since its last line"
+    reached, code = reached or "nothing measured since its last line", proc.exitcode
     if killed:
         table.line(key, Line(title, "stopped", f"its process did not stop at its limit ({limit:.0f} s) and was "
                              f"killed {GRACE_S} s after it; reached: {reached}"), time.perf_counter() - t0)
-    elif proc.exitcode:
-        code = proc.exitcode
-        lines = [t.strip() for t in Path(stderr).read_text(errors="replace").splitlines() if t.strip()]
+    elif code:
+        lines = [t.strip() for t in Path(output).read_text(errors="replace").splitlines() if t.strip()]
         table.line(key, Line(title, "error", f"its process ended with "
                              f"{f'signal {signal.Signals(-code).name}' if code < 0 else f'exit code {code}'}; last "
                              f"error line: {lines[-1][:300] if lines else '(none)'}; reached: {reached}"),
@@ -876,23 +802,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     table.write(f"**VAEKit GPU check** - {device_text(env)}; torch {torch.__version__}; "
                 f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; `python3 bench/gpu_check.py "
                 f"{' '.join(argv)}`{' (small sizes)' if env.small else ''}\n")
-    pool = ProcessPoolExecutor(max(1, min(6, (os.cpu_count() or 2) - 2)), mp_context=multiprocessing.get_context("spawn"))
-    try:
-        jobs, points = submit_jobs(env, pool, rows), []
-        table.write(Table.HEAD)
-        with tempfile.TemporaryDirectory(prefix="gpu_check_") as run_dir:
-            for i, key in enumerate(rows):
-                if env.left() < MIN_ROW_S:
-                    for rest in rows[i:]:
-                        table.line(rest, Line(ROWS[rest][0], "skipped", "the time limit was reached"), 0)
-                    break
-                run_row(env, table, key, rows[i + 1:], jobs, points, run_dir)
-    finally:       # at once: a plan still running for a row that was skipped would hold the exit
-        procs = list((pool._processes or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in procs:
-            proc.terminate()
-            proc.join(10)
+    plans, points = start_plans(env, rows), []
+    table.write(Table.HEAD)
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as run_dir:
+        for i, key in enumerate(rows):
+            if env.left() < MIN_ROW_S:
+                for rest in rows[i:]:
+                    table.line(rest, Line(ROWS[rest][0], "skipped", "the time limit was reached"), 0)
+                break
+            run_row(env, table, key, rows[i + 1:], plans, points, run_dir)
     table.write(f"\n{time.perf_counter() - t0:.0f} s in all (limit {a.limit:.0f} s).")
     return 0
 

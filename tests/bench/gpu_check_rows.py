@@ -54,7 +54,7 @@ if os.environ.get("SLOW_PROGRESS"):        # here: the rows' processes import th
 
 
 def install() -> None:
-    gpu_check.GRACE_S = 2
+    gpu_check.GRACE_S = 5
     for key, title, fn in (("y", "a row whose process dies", dies),
                            ("h", "a row that ignores its limit", ignores_its_limit),
                            ("z", "a row that overruns", overruns)):
