@@ -288,13 +288,14 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" + (f" ({Path(where.filename).name}:{where.lineno})" if where else "")
 
 
-def plan_job(family: str, op: str, shape: tuple, budget, env: Env) -> dict:
-    """On the meta device: the planner's choice for ``budget``: bytes, or ("tile", px): the most any exact
-    tiling of at most px pixels is predicted to need, plus 1 MiB."""
+def plan_job(env: Env, key: str) -> dict:
+    """On the meta device, the planner's choice for case ``key`` of BUDGET in its budget: bytes, or ("tile",
+    px): the most any exact tiling of at most px pixels is predicted to need, plus 1 MiB."""
     from vae.engine import budget as planner
-    v, dev, t0 = configs.build(env.entry(family), "meta", env.half), env.device, time.perf_counter()
+    (fam, op, _, _), (hwt, budget) = BUDGET[key], SIZES[env.small][key]
+    v, dev, t0 = configs.build(env.entry(fam), "meta", env.half), env.device, time.perf_counter()
     most = budget[1] if isinstance(budget, tuple) else None
-    call = v.call_for(op, shape, tile=most or 4096, mode="exact")
+    call = v.call_for(op, shape_of(env.entry(fam), op, hwt), tile=most or 4096, mode="exact")
 
     def need(t: int) -> int:
         with contextlib.suppress(Exception):      # tiles the input checks refuse are not tried either
@@ -311,14 +312,12 @@ def plan_job(family: str, op: str, shape: tuple, budget, env: Env) -> dict:
 def start_plans(env: Env, rows: str) -> dict[str, Future]:
     """Every plan the rows will ask for, computed one after another in the rows' order by a thread of this
     process (a core of the host while the device works); key: its row's letter first."""
-    todo = [(key, (fam, op, shape_of(env.entry(fam), op, SIZES[env.small][key][0]), SIZES[env.small][key][1], env))
-            for row in rows for key, (fam, op, _, _) in BUDGET.items() if key[0] == row]
-    plans = {key: Future() for key, _ in todo}
+    plans = {key: Future() for row in rows for key in BUDGET if key[0] == row}
 
     def work() -> None:
-        for key, args in todo:
+        for key in plans:
             try:
-                plans[key].set_result(plan_job(*args))
+                plans[key].set_result(plan_job(env, key))
             except Exception as e:     # noqa: BLE001 - the row that needs it reports it
                 plans[key].set_exception(e)
     threading.Thread(target=work, daemon=True).start()       # daemon: a plan no row waits for ends with the run
