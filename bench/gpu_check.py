@@ -1,5 +1,5 @@
-"""The GPU check: one command that shows, on a CUDA device, what VAEKit promises, in at most 8 minutes
-on one H100, printing one markdown table (and writing it to ``--out``) row by row as it measures.
+"""The GPU check: one command that shows, on a CUDA device, what VAEKit promises, in at most 8 minutes on
+one H100, printing one markdown table (and writing it to ``--out``) line by line as it measures.
 
     python3 bench/gpu_check.py --out gpu_check.md              # the check (a CUDA device)
     python3 bench/gpu_check.py --calibrate --out cal.md        # only the calibration points and the fit
@@ -7,34 +7,9 @@ on one H100, printing one markdown table (and writing it to ``--out``) row by ro
     python3 bench/gpu_check.py --rows f --out more.md          # rows left over by the time guard
     python3 bench/gpu_check.py --comfyui /path/to/ComfyUI      # adds row g, beside ComfyUI core
 
-Rows (docs/gpu.md says what each measures, its target and its time on an H100):
-  a  every family at its test config: the device in fp32 against the CPU in fp32 (decode, encode),
-     bf16 and fp16 on the device against the CPU's fp32, the fp16 NaN guard where it must act, and
-     exact tiles on the device (the copies to host memory, parked tiles) against the CPU's one pass;
-  b  Wan 2.1 (published config, random weights) bf16 decode 1280x720x81 in a 4 GiB budget, as a user
-     calls it: allocated and reserved peaks against the budget and the prediction, then max abs and
-     time against one pass, host memory; then the same plan without ``empty_cache`` between stages;
-  d  Wan 2.1 tiled encode 1280x720x81 in 4 GiB; an SDXL-shape KL decode at 2048 px in 2 GiB (tiles
-     meeting in rounds, paused tiles parked in host memory);
-  e  the replan: the process capped (``set_per_process_memory_fraction``) below one pass's need, a
-     decode without a budget runs out of memory, frees, replans in exact tiles and equals one pass;
-  k  calibration points: measured peaks against the meta-device prediction, and the fitted calibration;
-  c  Wan 2.1 1920x1080x241 in 4 GiB (one pass of the whole clip is skipped by design: ~70 s; its first
-     17 frames are compared with one pass of theirs, the decoder being causal in time);
-  f  Compile VAE on the device against eager (time, equality), and exact tiles compiled if offered;
-  g  beside ComfyUI core (``--comfyui DIR``): core's VAE Decode and VAE Decode (Tiled) on the same
-     weights and latent, time and peak;
-  n  several devices (more than one GPU visible: NCCL; ``--device cpu``: two CPU ranks, gloo).
-
-Each row runs in a process of its own, which sends its lines to this one as it measures them: a sticky
-CUDA error or a crash ends that row, and the table goes on with the next (the row's line then says what
-it had reached and why it ended: exit code or signal, last error line). Inside a row, an exception or
-out-of-memory error is reported in its line. Each row's time limit is its share of the time left of
-``--limit`` (480 s), in proportion to its estimate among the rows still to run; a row stopped at its
-limit prints what it reached (rows b, c and d: units of work done, time, memory so far), and one that
-does not stop is killed. Plans and the CPU references of row a are computed in helper processes on the
-host's other cores while the device works. Weights are random, drawn on the device under a fixed seed
-(bench/harness/configs.py); nothing is downloaded.
+docs/gpu.md says what each row (``ROWS``) measures, its target and its time. Each row runs in a process of
+its own (``run_row``) within its share of the time left of ``--limit``; the plans are computed meanwhile in
+a thread of this one (``start_plans``). Weights are random, drawn under a fixed seed (bench/harness/configs.py).
 """
 from __future__ import annotations
 
@@ -43,32 +18,26 @@ import contextlib
 import copy
 import dataclasses
 import datetime
-import functools
 import gc
-import hashlib
-import json
 import logging
 import math
 import multiprocessing
 import os
-import pickle
 import platform
-import queue
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn, Optional
+from typing import Callable, NamedTuple, Optional
+from unittest import mock
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (str(ROOT / "bench"), str(ROOT)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+sys.path[:0] = [p for p in (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
+                if p not in sys.path]
 
 import torch  # noqa: E402
 
@@ -76,37 +45,42 @@ from harness import configs  # noqa: E402
 from harness.measure import HostPeak  # noqa: E402
 
 MIB, GIB = 1 << 20, 1 << 30
-LIMIT_S = 480
 ORDER = "abdekcfgn"
-# seconds each row is expected to take, its process's start included: (one H100, default sizes; a
-# shared 2-core CPU, --small). The GPU figures are estimates (docs/gpu.md: from the FLOPs counted on the
-# meta device at an assumed 60 TFLOPS in bf16, and the planner's CPU time measured here); the CPU
-# figures were measured. They weigh each row's share of the time left (``row_limit``); the check prints
-# what each row really took.
+# seconds each row is expected to take, its process's start included: (one H100, default sizes; a shared
+# 2-core CPU, --small). The GPU figures are estimates (docs/gpu.md: FLOPs at an assumed 60 TFLOPS in bf16,
+# the planner's CPU time measured), the CPU's were measured; they weigh each row's share of the time left.
 ESTIMATE_S = {"a": (60, 110), "b": (95, 30), "d": (65, 35), "e": (30, 20), "k": (30, 25), "c": (150, 30),
               "f": (90, 25), "g": (60, 30), "n": (60, 50)}
 MIN_ROW_S = 10      # a share shorter than this is not worth a process (its start alone takes seconds)
 GRACE_S = 20        # a row's process still running this long after its limit is killed
-TAG = "@gpu_check "     # a row's process to this one: one JSON message a line on its stdout
-CHILD_SCRIPT = Path(__file__).resolve()         # what a row's process runs
-# half precision against fp32 on 0..1 pixels (decode) and latents (encode): relative RMS error (of the
-# difference over the reference). The CPU's own bf16 / fp16 at these configs give at most: decode
-# 0.041 / 0.0041 (HunyuanVideo), encode 0.099 (SeedVR2) / 0.0066; the limits are about three times that
-# (docs/gpu.md has every family's CPU figure).
+# half precision against fp32 (0..1 pixels, latents): relative RMS error, about three times the most the
+# CPU's own bf16 / fp16 give at the test configs (docs/gpu.md has every family's figure)...
 HALF_TOLERANCE = {("decode", torch.bfloat16): 0.12, ("decode", torch.float16): 0.012,
                   ("encode", torch.bfloat16): 0.3, ("encode", torch.float16): 0.02}
-# ...except where half precision is as far off on the CPU: there the device's half precision is compared
-# with the CPU's in the same dtype (same limits). Mochi's encoder takes Fourier features of the pixels up
-# to 2^7 * 2 pi: a pixel rounded to half precision moves them by radians (the CPU: 1.1 bf16, 0.51 fp16).
+# ...except where half precision is as far off on the CPU: compared with the CPU's in the same dtype. Mochi's
+# encoder takes Fourier features of the pixels up to 2^7 * 2 pi: a pixel rounded to half moves them by radians.
 HALF_AGAINST_HALF = {("mochi", "encode")}
 NEEDS_CUDA = "needs CUDA"         # a line's result where its measurement exists on a CUDA device only
-SMALL_FAMILIES = ("kl", "tiny", "wan", "qwen21", "mochi")     # --small: every family in fp32, these in half
+SMALL_FAMILIES = ("kl", "tiny", "wan", "qwen21", "mochi")     # --small: every family in fp32, these in half too
+# rows b, c, d (exact tiles in a budget): case -> (family, op, input seed, what the case shows)
+BUDGET = {"b": ("wan", "decode", 0, ", as a user calls it"), "d_enc": ("wan", "encode", 3, ""),
+          "d_kl": ("kl", "decode", 4, " (tiles in rounds, parked)"), "c": ("wan", "decode", 1, "")}
+# per case, (H, W, frames) in pixels and the budget: bytes, or at --small ("tile", px), what exact tiles of
+# at most px pixels may need (at tiny sizes the calibration's fixed bytes would let one pass fit any budget)
+SIZES = {False: dict(b=((720, 1280, 81), 4 * GIB), c=((1080, 1920, 241), 4 * GIB), d_enc=((720, 1280, 81), 4 * GIB),
+                     d_kl=((2048, 2048, 1), 2 * GIB), e=(480, 832, 17), f=(1024, 1024, 1), g=(480, 832, 33),
+                     n=(480, 832, 33), k_wan=[((480, 832, 9), None), ((720, 1280, 9), 256), ((720, 1280, 9), 384)],
+                     k_kl=[((1024, 1024, 1), None), ((1024, 1024, 1), 512)]),
+         True: dict(b=((32, 48, 5), ("tile", 32)), c=((32, 48, 9), ("tile", 32)), d_enc=((32, 48, 5), ("tile", 32)),
+                    d_kl=((128, 128, 1), ("tile", 64)), e=(32, 48, 5), f=(64, 64, 1), g=(32, 32, 5), n=(32, 48, 5),
+                    k_wan=[((32, 48, 5), None), ((32, 48, 5), 32)], k_kl=[((64, 64, 1), None), ((64, 64, 1), 32)])}
+CALIBRATE = dict(k_wan=[((256, 256, 9), None), ((480, 832, 9), None), ((720, 1280, 5), None), ((720, 1280, 9), 192),
+                        ((720, 1280, 9), 256), ((720, 1280, 9), 384), ((720, 1280, 9), 512)],
+                 k_kl=[((512, 512, 1), None), ((1024, 1024, 1), None), ((2048, 2048, 1), None),
+                       ((1024, 1024, 1), 256), ((2048, 2048, 1), 512)])
 
 
-# ---- the table ----------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Line:
+class Line(NamedTuple):
     case: str
     result: str          # ok, FAIL, info, skipped, stopped (at its time limit), error, needs CUDA
     figures: str
@@ -115,110 +89,98 @@ class Line:
 
 class Table:
     """Prints and appends each line as it comes (a killed run keeps what it measured)."""
-
     HEAD = "| row | case | result | figures | target | s |\n|---|---|---|---|---|---:|"
 
     def __init__(self, out: Optional[Path]):
-        self.out = out
-        if out:
-            out.write_text("")
+        self.out = out.open("w", buffering=1) if out else None
 
     def write(self, text: str) -> None:
         print(text, flush=True)
-        if self.out:
-            with self.out.open("a") as f:
-                f.write(text + "\n")
-                f.flush()
+        self.out and print(text, file=self.out, flush=True)
 
     def line(self, row: str, line: Line, seconds: float) -> None:
-        cells = [row, line.case, line.result, line.figures, line.target, f"{seconds:.1f}"]
+        cells = [row, *line, f"{seconds:.1f}"]
         self.write("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in cells) + " |")
 
 
 class TimeUp(BaseException):
-    """The run's time limit was reached inside a row."""
+    """A row's time limit was reached inside it."""
 
-
-# ---- the run's environment ----------------------------------------------------------------------
 
 class Env:
-    """The run's options and state; in a row's process (``--child``), that row's: its deadline, the
-    helpers' results read from the run's folder, and what the row has reached so far."""
+    """The run's options; in a row's process also its deadline, the calibration points measured so far, and
+    the pipe to the check: its lines, points and what it has reached go there as they come."""
 
-    def __init__(self, a):
-        self.args = a
-        self.device = torch.device(a.device)
-        self.cuda = self.device.type == "cuda"
-        self.small = a.small
-        self.limit = a.row_limit or a.limit
-        self.start = time.perf_counter()
-        self.until = a.until or time.time() + a.limit       # wall clock: shared with the rows' processes
-        self.run_dir: Optional[Path] = Path(a.run_dir) if a.run_dir else None
-        self.reached = ""            # what the row has measured since its last line (sent to the parent)
-        self.meter: Optional[Meter] = None      # the measurement running now
-        self.comfyui = a.comfyui
-        self.full_untiled = a.full_untiled
-        self.calibrate = a.calibrate
-        self.families = a.families.split(",") if a.families else None
-        self.points: list[tuple[str, int, int, int]] = _read_points(self.run_dir)   # (case, live, allocated, reserved)
-        self.helpers = None          # Helpers in the parent, Results in a row's process
-        self.host = torch.device("cpu")
-        self.models = "TEST" if self.small else "PUBLISHED"      # --small: the tests' tiny configs
+    def __init__(self, a, until: float, limit: float, conn=None, points=()):
+        self.a, self.until, self.limit, self.conn = a, until, limit, conn
+        self.device, self.host = torch.device(a.device), torch.device("cpu")
+        self.cuda, self.small, self.comfyui = self.device.type == "cuda", a.small, a.comfyui
+        self.half = torch.bfloat16 if self.cuda else torch.float32    # rows b-g (the CPU's bf16 convolutions are slow)
+        self.points: list = list(points)          # (case, live, allocated, reserved)
+        self.reached, self.meter = "", None
 
     def entry(self, family: str) -> tuple:
-        return getattr(configs, self.models)[family]
+        return (configs.TEST if self.small else configs.PUBLISHED)[family]
 
     def label(self, family: str) -> str:
-        name = {"wan": "Wan 2.1", "kl": "SDXL-shape KL"}[family]
-        return f"{name} (test config)" if self.small else name
-
-    def half(self) -> torch.dtype:
-        """The dtype of rows b-g: bf16 on a GPU, fp32 on the CPU (whose bf16 convolutions are slow)."""
-        return torch.bfloat16 if self.cuda else torch.float32
+        return {"wan": "Wan 2.1", "kl": "SDXL-shape KL"}[family] + (" (test config)" if self.small else "")
 
     def left(self) -> float:
         return self.until - time.time()
 
+    def send(self, kind: str, message) -> None:
+        if self.conn is not None:
+            self.conn.send((kind, message))
+
     def reach(self, text: str) -> None:
-        """Say what the row has reached (sent at once: if its process dies, the parent still prints it)."""
+        """What the row has reached, sent at once: if its process dies, the check still prints it."""
         self.reached = text
-        send(reached=text)
+        self.send("reached", text)
 
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+    def point(self, case: str, live: int, peak: "Peak") -> None:
+        """A calibration point for row k's fit (rows b-e measure them too)."""
+        self.points.append((case, live, peak.allocated, peak.reserved))
+        self.send("point", self.points[-1])
+
+    def plan(self, key: str) -> dict:
+        """A plan computed by the check (``start_plans``), asked for and waited on."""
+        self.send("plan", key)
+        kind, value = self.conn.recv()
+        if kind == "error":
+            raise RuntimeError(f"planning {key}: {value}")
+        return value
 
 
-def send(**message) -> None:
-    """One message of a row's process to the check (on its stdout, which the check reads)."""
-    print(TAG + json.dumps(message), flush=True)
-
-
-@dataclasses.dataclass
-class Peak:
+class Peak(NamedTuple):
     seconds: float
-    allocated: int       # CUDA: max_memory_allocated - allocated before; CPU: peak RSS - RSS before
-    reserved: int        # CUDA: max_memory_reserved - reserved before; CPU: the same as allocated
-    host: int            # peak RSS - RSS before (output, maps, staging buffers)
-    how: str = "VmHWM"   # how the host peak was found (harness.measure.HostPeak)
+    allocated: int       # CUDA: max_memory_allocated above before; CPU: peak RSS above before
+    reserved: int        # CUDA: max_memory_reserved above before; CPU: as allocated
+    host: int            # peak RSS above before (output, maps, staging buffers)
+    how: str             # how the host peak was found (harness.measure.HostPeak)
 
     def text(self, cuda: bool) -> str:
-        if cuda:
-            return (f"allocated {mib(self.allocated)}, reserved {mib(self.reserved)}, host {mib(self.host)} "
-                    f"({self.how}), {self.seconds:.1f} s")
-        return f"working set {mib(self.allocated)} ({self.how}), {self.seconds:.1f} s"
+        return memory(cuda, *self[1:]) + f", {self.seconds:.1f} s"
 
 
-@dataclasses.dataclass
-class Meter:
-    """The baselines of the measurement running now, for what it has used so far."""
-    allocated: int
-    reserved: int
-    host: HostPeak
+def memory(cuda: bool, allocated: int, reserved: int, host: int, how: str, tail: str = "") -> str:
+    if cuda:
+        return f"allocated{tail} {mib(allocated)}, reserved{tail} {mib(reserved)}, host{tail} {mib(host)} ({how})"
+    return f"working set{tail} {mib(allocated)} ({how})"
 
 
 def mib(n: float) -> str:
     return f"{n / MIB:.0f} MiB"
+
+
+def short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def peaks(env: Env, a0: int, r0: int, host: HostPeak) -> tuple[int, int, int, str]:
+    if not env.cuda:
+        return host.bytes(), host.bytes(), host.bytes(), host.method
+    return (torch.cuda.max_memory_allocated(env.device) - a0, torch.cuda.max_memory_reserved(env.device) - r0,
+            host.bytes(), host.method)
 
 
 def measured(env: Env, fn: Callable[[], object]) -> tuple[object, Peak]:
@@ -226,42 +188,29 @@ def measured(env: Env, fn: Callable[[], object]) -> tuple[object, Peak]:
     gc.collect()
     a0 = r0 = 0
     if env.cuda:
-        env.sync()
+        torch.cuda.synchronize(env.device)
         torch.cuda.empty_cache()
         a0, r0 = torch.cuda.memory_allocated(env.device), torch.cuda.memory_reserved(env.device)
         torch.cuda.reset_peak_memory_stats(env.device)
     with HostPeak() as host:
-        env.meter = Meter(a0, r0, host)
+        env.meter, t0 = (a0, r0, host), time.perf_counter()
         try:
-            t0 = time.perf_counter()
             out = fn()
-            env.sync()
+            env.cuda and torch.cuda.synchronize(env.device)
             seconds = time.perf_counter() - t0
         finally:
             env.meter = None
-    alloc = res = host.bytes()
-    if env.cuda:
-        alloc = torch.cuda.max_memory_allocated(env.device) - a0
-        res = torch.cuda.max_memory_reserved(env.device) - r0
-    return out, Peak(seconds, alloc, res, host.bytes(), host.method)
+    return out, Peak(seconds, *peaks(env, a0, r0, host))
 
 
 def so_far(env: Env) -> str:
     """What the measurement running now has used so far (device and host peaks above its start)."""
-    m = env.meter
-    if m is None:
-        return "no measurement running"
-    host = f"{mib(m.host.bytes())} ({m.host.method})"
-    if not env.cuda:
-        return f"working set so far {host}"
-    return (f"allocated so far {mib(torch.cuda.max_memory_allocated(env.device) - m.allocated)}, reserved so far "
-            f"{mib(torch.cuda.max_memory_reserved(env.device) - m.reserved)}, host so far {host}")
+    return memory(env.cuda, *peaks(env, *env.meter), " so far") if env.meter else "no measurement running"
 
 
 def progress(env: Env, what: str) -> Callable[[int, int], None]:
-    """A call's progress callback that reports what the call has reached (units of work done, time,
-    memory so far), at most once a second: a row stopped at its limit, or whose process dies, still says
-    how far its long call got."""
+    """A call's progress callback reporting what it reached (units of work, time, memory so far), at most
+    once a second: a row stopped at its limit, or whose process dies, still says how far its call got."""
     t0, last = time.perf_counter(), [-1.0]
 
     def report(done: int, total: int) -> None:
@@ -277,10 +226,8 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     """Max abs difference, in slices (outputs of several GB on the host)."""
     if a.shape != b.shape:
         return float("nan")
-    worst = 0.0
-    for x, y in zip(a.flatten(0, min(2, a.dim() - 3)), b.flatten(0, min(2, b.dim() - 3))):
-        worst = max(worst, float((x.float() - y.float()).abs().max()))
-    return worst
+    n = min(2, a.dim() - 3)
+    return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a.flatten(0, n), b.flatten(0, n)))
 
 
 def rel_rms(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -289,27 +236,12 @@ def rel_rms(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @contextlib.contextmanager
-def no_tf32():
-    """fp32 on the device as fp32 (cuDNN's default lets convolutions round inputs to TF32)."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-@contextlib.contextmanager
-def logged(level=logging.INFO) -> Iterator[list]:
-    """The VAEKit log records of the block (with the device's allocated bytes when each was made)."""
-    records: list = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            record.allocated = torch.cuda.memory_allocated() if torch.cuda.is_initialized() else -1
-            records.append(record)
-    log = logging.getLogger("VAEKit")
-    handler, old = Keep(level), log.level
+def logged(level=logging.INFO):
+    """The VAEKit log records of the block, each with the device's allocated bytes when it was made."""
+    records, log = [], logging.getLogger("VAEKit")
+    handler, old = logging.Handler(level), log.level
+    handler.emit = lambda r: records.append(r) or setattr(
+        r, "allocated", torch.cuda.memory_allocated() if torch.cuda.is_initialized() else -1)
     log.addHandler(handler)
     log.setLevel(min(level, old or level))
     try:
@@ -319,274 +251,119 @@ def logged(level=logging.INFO) -> Iterator[list]:
         log.setLevel(old)
 
 
-# ---- helper processes: plans on the meta device and CPU references, beside the device's work ------
-
-def _plan_job(entry_name: str, family: str, op: str, shape: tuple, budget, device_type: str, tile=None) -> dict:
-    """The planner's choice for ``budget`` (bytes, or ("tile", px): what exact tiles of px pixels are
-    predicted to need), or, with ``tile``, the prediction of that exact call; on the meta device."""
-    from vae.engine import budget as planner
-    torch.set_num_threads(1)
-    entry = getattr(configs, entry_name)[family]
-    v = configs.build(entry, "meta", torch.bfloat16 if device_type == "cuda" else torch.float32)
-    device, host = torch.device(device_type), torch.device("cpu")
-    t0 = time.perf_counter()
-    if tile is not None:
-        call = v.call_for(op, shape, tile=tile, mode="exact")
-        p = planner.predict(v, call, device, host)
-        return dict(tile=tile, tile_frames=None, device=p.device, live=p.live, maps=p.maps, output=p.output,
-                    describe=f"exact, {tile} px tiles" if tile else "one pass", seconds=time.perf_counter() - t0)
-    call = v.call_for(op, shape, tile=4096, mode="exact")
-    if isinstance(budget, tuple):
-        # --small: tiles of at most this size and room for them (at tiny sizes the fixed bytes of the
-        # calibration dominate, and one pass would fit the budget of any tiling)
-        call = v.call_for(op, shape, tile=budget[1], mode="exact")
-        budget = _tile_budget(v, op, shape, budget[1], device, host)
-    p = planner.plan(v, call, budget, device, host, host)
-    return dict(tile=p.call.tile, tile_frames=p.call.tile_frames, device=p.on_device(), live=p.prediction.live,
-                most=call.tile if call.tile != 4096 else None,
-                maps=p.prediction.maps, output=p.prediction.output, budget=budget, describe=p.describe(),
-                seconds=time.perf_counter() - t0)
+def shape_of(entry: tuple, op: str, hwt: tuple) -> tuple:
+    """The input of ``op`` for (H, W, frames) pixels: the latent of a decode, the pixels of an encode."""
+    c, (h, w, t) = configs.spec(entry[0]).capabilities(entry[1]), hwt
+    frames = ((t if op == "encode" else 1 + (t - 1) // c.temporal_ratio),) if c.temporal_ratio else ()
+    if op == "encode":
+        return (1, c.image_channels, *frames, h, w)
+    return (1, c.latent_channels, *frames, h // c.spatial_ratio, w // c.spatial_ratio)
 
 
-def _tile_budget(v, op: str, shape: tuple, px: int, device: torch.device, host: torch.device) -> int:
-    """The most any exact tiling of at most ``px`` pixels is predicted to need (the planner's search may
-    try any of them, and a smaller tile can need more: parked rounds, docs/memory.md), plus 1 MiB."""
-    from vae.engine import budget as planner
-    capped = v.call_for(op, shape, tile=px, mode="exact")
-    need = 0
-    for t in planner._candidates(v, capped, px):
-        try:
-            p = planner.predict(v, dataclasses.replace(capped, tile=t), device, host)
-        except Exception:       # noqa: BLE001 - tiles the input checks refuse are not tried either
-            continue
-        need = max(need, planner.on_device(p, device, host, host))
-    return need + (1 << 20)
+def inputs(entry: tuple, op: str, hwt: tuple, seed: int) -> torch.Tensor:
+    """Seeded: randn latents, rand pixels."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand if op == "encode" else torch.randn)(shape_of(entry, op, hwt), generator=g)
 
 
-def _row_a_inputs(v, seed: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Row a's latent and pixels for a tiny model: 2x2 latent pixels (2 latent frames for video)."""
-    c, g = v.caps, torch.Generator().manual_seed(seed)
-    s = c.spatial_ratio_packed
-    if v.is_video:
-        z = torch.randn(1, c.latent_channels_packed, 2, 2, 2, generator=g)
-        x = torch.rand(1, c.image_channels, 1 + c.temporal_ratio, 2 * s, 2 * s, generator=g)
-    else:
-        z = torch.randn(1, c.latent_channels_packed, 2, 2, generator=g)
-        x = torch.rand(1, c.image_channels, 2 * s, 2 * s, generator=g)
-    return z, x if c.can_encode else None
-
-
-def _reference_job(family: str, seed: int) -> dict:
-    """Row a's CPU fp32 references of one family (and a checksum of its weights)."""
-    torch.set_num_threads(1)
-    v = configs.build(configs.TEST[family], "cpu", seed=seed)
-    z, x = _row_a_inputs(v, seed)
-    t0 = time.perf_counter()
-    out = dict(decode=v.decode(z), encode=v.encode(x) if x is not None else None)
-    for fam, op in HALF_AGAINST_HALF:
-        if fam == family:
-            for dtype in (torch.bfloat16, torch.float16):
-                h = configs.build(configs.TEST[family], "cpu", dtype, seed=seed)
-                out[op, dtype] = getattr(h, op)(z if op == "decode" else x)
-    # numpy: pickled plainly (torch tensors would travel through shared memory, small in a bare container)
-    out = {k: None if t is None else t.float().numpy() for k, t in out.items()}
-    return dict(out, weights=_checksum(v.model), seconds=time.perf_counter() - t0)
-
-
-def _checksum(model: torch.nn.Module) -> float:
-    return float(sum(p.detach().double().sum().cpu() for p in model.parameters()))
-
-
-def _result_path(run_dir: Path, key) -> Path:
-    return run_dir / f"job_{hashlib.sha1(repr(key).encode()).hexdigest()[:16]}.pkl"
-
-
-def _store(path: Path, future) -> None:
-    """A helper's result, or its failure, written (whole, by a rename) where the rows' processes read it."""
-    try:
-        value = ("ok", future.result())
-    except BaseException as e:      # noqa: BLE001 - the row that needs it reports it
-        value = ("error", _error_text(e))
-    with contextlib.suppress(OSError):          # the run's folder is gone: the run has ended
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps(value))
-        os.replace(tmp, path)
-
-
-class Helpers:
-    """A pool of processes (spawned: no CUDA state inherited) for the CPU's share of the check; each
-    result goes to a file of the run's folder, read there by the row that needs it (``Results``)."""
-
-    def __init__(self, workers: int, run_dir: Path):
-        self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-        self.run_dir = run_dir
-
-    def submit(self, key, fn, *args) -> None:
-        self.pool.submit(fn, *args).add_done_callback(functools.partial(_store, _result_path(self.run_dir, key)))
-
-    def close(self) -> None:
-        """Stops the helpers at once: a plan still running for a row that was skipped would otherwise
-        hold the interpreter's exit until it ends."""
-        procs = list((getattr(self.pool, "_processes", None) or {}).values())
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in procs:
-            proc.join(10)
-
-
-class Results:
-    """In a row's process: the helpers' results, as the parent's helpers write them."""
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-
-    def get(self, key, env: Env):
-        path = _result_path(self.run_dir, key)
-        while not path.exists():
-            if env.left() <= 0:
-                raise TimeoutError(f"no helper result for {key!r} in the row's time")
-            time.sleep(0.1)
-        kind, value = pickle.loads(path.read_bytes())
-        if kind == "error":
-            raise RuntimeError(f"in a helper process: {value}")
-        return value
-
-
-# ---- sizes per mode -----------------------------------------------------------------------------
-
-def sizes(env: Env) -> dict:
-    """Per case: (H, W, frames) in pixels and the budget (bytes, or a share of one pass's prediction)."""
-    if env.small:
-        def f(px: int) -> tuple:         # the budget of exact px tiles: no room for one pass
-            return "tile", px
-        return dict(b=((32, 48, 5), f(32)), c=((32, 48, 9), f(32)), d_enc=((32, 48, 5), f(32)),
-                    d_kl=((128, 128, 1), f(64)),
-                    e=(32, 48, 5), f=(64, 64, 1), g=(32, 32, 5), n=(32, 48, 5),
-                    k_wan=[((32, 48, 5), None), ((32, 48, 5), 32)], k_kl=[((64, 64, 1), None), ((64, 64, 1), 32)])
-    return dict(b=((720, 1280, 81), 4 * GIB), c=((1080, 1920, 241), 4 * GIB), d_enc=((720, 1280, 81), 4 * GIB),
-                d_kl=((2048, 2048, 1), 2 * GIB), e=(480, 832, 17), f=(1024, 1024, 1), g=(480, 832, 33),
-                n=(480, 832, 33),
-                k_wan=[((480, 832, 9), None), ((720, 1280, 9), 256), ((720, 1280, 9), 384)],
-                k_kl=[((1024, 1024, 1), None), ((1024, 1024, 1), 512)])
-
-
-CALIBRATE = dict(k_wan=[((256, 256, 9), None), ((480, 832, 9), None), ((720, 1280, 5), None),
-                        ((720, 1280, 9), 192), ((720, 1280, 9), 256), ((720, 1280, 9), 384), ((720, 1280, 9), 512)],
-                 k_kl=[((512, 512, 1), None), ((1024, 1024, 1), None), ((2048, 2048, 1), None),
-                       ((1024, 1024, 1), 256), ((2048, 2048, 1), 512)])
-
-
-def latent(entry: tuple, hwt: tuple, seed: int = 0) -> torch.Tensor:
-    """A latent (randn, seeded) that decodes to ``hwt`` = (H, W, frames) pixels for the model of ``entry``."""
-    caps = configs.spec(entry[0]).capabilities(entry[1])
-    h, w, t = hwt
-    r, g = caps.spatial_ratio, torch.Generator().manual_seed(seed)
-    lead = (1, caps.latent_channels) + ((1 + (t - 1) // caps.temporal_ratio,) if caps.temporal_ratio else ())
-    return torch.randn(*lead, h // r, w // r, generator=g)
-
-
-def submit_jobs(env: Env, rows: str) -> None:
-    """What the rows will ask of the helper processes, submitted up front in the order the rows need it
-    (with fewer helpers than jobs, the first row does not wait for the last row's plans)."""
-    h, s = env.helpers, sizes(env)
-    dev, m = env.device.type, env.models
-    wan, kl = env.entry("wan"), env.entry("kl")
-
-    def plan(key, fam, op, shape, budget, tile=None):
-        h.submit(key, _plan_job, m, fam, op, tuple(shape), budget, dev, tile)
-    for row in rows:
-        if row == "a":
-            for f in families(env):
-                h.submit(("ref", f), _reference_job, f, 0)
-        elif row == "b":
-            plan("b", "wan", "decode", latent(wan, s["b"][0]).shape, s["b"][1])
-        elif row == "d":
-            hh, ww, tt = s["d_enc"][0]
-            plan("d_enc", "wan", "encode", (1, 3, tt, hh, ww), s["d_enc"][1])
-            plan("d_kl", "kl", "decode", latent(kl, s["d_kl"][0]).shape, s["d_kl"][1])
-        elif row == "k":
-            cal = CALIBRATE if env.calibrate and not env.small else s
-            for fam in ("wan", "kl"):
-                for hwt, tile in cal[f"k_{fam}"]:
-                    plan(("k", fam, hwt, tile), fam, "decode", latent(env.entry(fam), hwt).shape, None, tile or 0)
-        elif row == "c":
-            plan("c", "wan", "decode", latent(wan, s["c"][0]).shape, s["c"][1])
-
-
-def families(env: Env) -> list[str]:
-    return env.families or list(configs.TEST)
-
-
-# ---- row a: every family, every dtype ------------------------------------------------------------
-
-def row_a(env: Env) -> Iterator[Line]:
-    for family in families(env):
-        yield _caught(f"{family} (test config)", lambda: _family_line(env, family))
-    yield _caught("fp16 NaN guard", lambda: _guard_line(env))
-    for family in ("kl", "tiny") + (() if env.small else ("qwen21",)):
-        yield _caught(f"{family}: exact tiles on the device", lambda: _exact_line(env, family))
-
-
-def _caught(case: str, make: Callable[[], Line]) -> Line:
-    """One line of a row that reports its own failure (the row goes on with its next line)."""
-    try:
-        return make()
-    except TimeUp:
-        raise
-    except Exception as e:         # noqa: BLE001 - reported in the line
-        return Line(case, "error", _error_text(e))
-
-
-def _family_line(env: Env, family: str) -> Line:
-    """One family at its test config: the device in fp32 against the CPU's fp32 (from a helper
-    process), then bf16 and fp16 on the device."""
-    half = (torch.bfloat16, torch.float16)
-    ref = {k: torch.from_numpy(v) if hasattr(v, "dtype") else v for k, v in env.helpers.get(("ref", family), env).items()}
-    cpu = configs.build(configs.TEST[family], "cpu", seed=0)
-    if abs(_checksum(cpu.model) - ref["weights"]) > 1e-6 * max(1.0, abs(ref["weights"])):
-        return Line(f"{family} (test config)", "error", "the helper process drew other weights (seed)")
-    z, x = _row_a_inputs(cpu, 0)
-    figures, ok = [], True
-    dtypes = (torch.float32,) + (half if (not env.small or family in SMALL_FAMILIES) else ())
-    for op, inp in (("decode", z), ("encode", x)):
-        if inp is None:
-            continue
-        want, parts = ref[op], []
-        for dtype in dtypes:
-            v = _copy(cpu, env.device, dtype)
-            with no_tf32():
-                got = getattr(v, op)(inp)
-            if not torch.isfinite(got).all():
-                ok, text = False, "non-finite"
-            elif dtype == torch.float32:
-                err = max_abs(got.cpu(), want)
-                ok &= err <= 1e-4
-                text = f"{err:.1e}"
-            else:
-                err = rel_rms(got, ref.get((op, dtype), want))
-                ok &= err <= HALF_TOLERANCE[op, dtype]
-                text = f"{err:.1e}"
-            up = v.last_upcast
-            if up is not None and up.tiles:
-                text += " (upcast " + "/".join(str(d).removeprefix("torch.") for d in dict.fromkeys(up.dtypes)) + ")"
-            parts.append(f"{str(dtype).removeprefix('torch.')} {text}")
-            del v, got
-        figures.append(f"{op}: " + ", ".join(parts))
-    known = [op for fam, op in HALF_AGAINST_HALF if fam == family]
-    target = "fp32 max abs <= 1e-4; half: rel RMS vs CPU fp32 (docs/gpu.md)" + (
-        f"; {known[0]} half vs the CPU's half" if known else "")
-    return Line(f"{family} (test config)", "ok" if ok else "FAIL", "; ".join(figures), target)
-
-
-def _copy(v, device: torch.device, dtype: torch.dtype):
+def copied(v, device: torch.device, dtype: torch.dtype):
     """Another handle over a copy of ``v``'s model, on ``device`` in ``dtype``."""
-    from vae.handle import VAE
-    return VAE(v.spec, v.config, copy.deepcopy(v.model), dtype, device, v.source)
+    return type(v)(v.spec, v.config, copy.deepcopy(v.model), dtype, device, v.source)
 
 
-def _guard_line(env: Env) -> Line:
+def guarded(case: str, fn: Callable, *args):
+    """The lines of one part of a row (a Line or an iterator of them); its failure becomes a line and the
+    row goes on."""
+    try:
+        got = fn(*args)
+        yield from ([got] if isinstance(got, Line) else got)
+    except Exception as e:         # noqa: BLE001 - reported in the line
+        yield Line(case, "error", error_text(e))
+
+
+def error_text(e: BaseException) -> str:
+    """The error's type, first line and where it was raised."""
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}" + (f" ({Path(where.filename).name}:{where.lineno})" if where else "")
+
+
+def plan_job(env: Env, key: str) -> dict:
+    """On the meta device, the planner's choice for case ``key`` of BUDGET in its budget: bytes, or ("tile",
+    px): the most any exact tiling of at most px pixels is predicted to need, plus 1 MiB."""
+    from vae.engine import budget as planner
+    (fam, op, _, _), (hwt, budget) = BUDGET[key], SIZES[env.small][key]
+    v, dev, t0 = configs.build(env.entry(fam), "meta", env.half), env.device, time.perf_counter()
+    most = budget[1] if isinstance(budget, tuple) else None
+    call = v.call_for(op, shape_of(env.entry(fam), op, hwt), tile=most or 4096, mode="exact")
+
+    def need(t: int) -> int:
+        with contextlib.suppress(Exception):      # tiles the input checks refuse are not tried either
+            p = planner.predict(v, dataclasses.replace(call, tile=t), dev, env.host)
+            return planner.on_device(p, dev, env.host, env.host)
+        return 0
+    budget = max(need(t) for t in planner._candidates(v, call, most)) + MIB if most else budget
+    p = planner.plan(v, call, budget, dev, env.host, env.host)
+    return dict(tile=p.call.tile, tile_frames=p.call.tile_frames, device=p.on_device(), live=p.prediction.live,
+                most=most, maps=p.prediction.maps, output=p.prediction.output, budget=budget,
+                describe=p.describe(), seconds=time.perf_counter() - t0)
+
+
+def start_plans(env: Env, rows: str) -> dict[str, Future]:
+    """Every plan the rows will ask for, computed one after another in the rows' order by a thread of this
+    process (a core of the host while the device works); key: its row's letter first."""
+    plans = {key: Future() for row in rows for key in BUDGET if key[0] == row}
+
+    def work() -> None:
+        for key in plans:
+            try:
+                plans[key].set_result(plan_job(env, key))
+            except Exception as e:     # noqa: BLE001 - the row that needs it reports it
+                plans[key].set_exception(e)
+    threading.Thread(target=work, daemon=True).start()       # daemon: a plan no row waits for ends with the run
+    return plans
+
+
+def row_a(env: Env):
+    for family in env.a.families.split(",") if env.a.families else configs.TEST:
+        yield from guarded(f"{family} (test config)", family_line, env, family)
+    yield from guarded("fp16 NaN guard", guard_line, env)
+    for family in ("kl", "tiny") + (() if env.small else ("qwen21",)):
+        yield from guarded(f"{family}: exact tiles on the device", exact_line, env, family)
+
+
+def upcast(v) -> str:
+    up = v.last_upcast
+    return "/".join(short(d) for d in dict.fromkeys(up.dtypes)) if up is not None and up.tiles else ""
+
+
+def family_line(env: Env, family: str) -> Line:
+    """One family at its test config, 2x2 latent pixels (2 latent frames): the device in fp32 against the
+    CPU's fp32, then bf16 and fp16 on the device against the CPU's fp32 (or its own half: HALF_AGAINST_HALF)."""
+    cpu = configs.build(configs.TEST[family], "cpu", seed=0)
+    c, g = cpu.caps, torch.Generator().manual_seed(0)
+    s, t = 2 * c.spatial_ratio_packed, ((2,), (1 + c.temporal_ratio,)) if cpu.is_video else ((), ())
+    inp = dict(decode=torch.randn(1, c.latent_channels_packed, *t[0], 2, 2, generator=g),
+               **(dict(encode=torch.rand(1, c.image_channels, *t[1], s, s, generator=g)) if c.can_encode else {}))
+    dtypes = (torch.float32,) + ((torch.bfloat16, torch.float16) if not env.small or family in SMALL_FAMILIES else ())
+    figures, ok, known = [], True, [op for fam, op in HALF_AGAINST_HALF if fam == family]
+    for op, x in inp.items():
+        parts, want = [], getattr(cpu, op)(x)
+        for dtype in dtypes:
+            half, v = dtype != torch.float32, copied(cpu, env.device, dtype)
+            ref = getattr(copied(cpu, env.host, dtype), op)(x) if half and op in known else want
+            got = getattr(v, op)(x)
+            err = (rel_rms(got, ref) if half else max_abs(got.cpu(), ref)) if torch.isfinite(got).all() else math.inf
+            ok &= err <= (HALF_TOLERANCE[op, dtype] if half else 1e-4)
+            parts.append(f"{short(dtype)} " + (f"{err:.1e}" if err < math.inf else "non-finite")
+                         + (f" (upcast {upcast(v)})" if upcast(v) else ""))
+        figures.append(f"{op}: " + ", ".join(parts))
+    return Line(f"{family} (test config)", "ok" if ok else "FAIL", "; ".join(figures),
+                "fp32 max abs <= 1e-4; half: rel RMS vs CPU fp32 (docs/gpu.md)"
+                + (f"; {known[0]} half vs the CPU's half" if known else ""))
+
+
+def guard_line(env: Env) -> Line:
     """The fp16 guard where it must act: an SDXL-like overflow (the decoder's first conv x3000, as
     tests/vae/test_guard.py makes it)."""
     cpu = configs.build(configs.TEST["kl"], "cpu", seed=0)
@@ -595,309 +372,191 @@ def _guard_line(env: Env) -> Line:
         cpu.model.decoder.conv_in.bias.mul_(3000.0)
     z = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(1))
     z[:, :, 2:6, 11:15] *= 30
-    want = cpu.decode(z)
-    v = _copy(cpu, env.device, torch.float16)
+    want, v = cpu.decode(z), copied(cpu, env.device, torch.float16)
     with torch.inference_mode():
-        raw = v.model.decode(v._model_input(z))
-    overflowed = not bool(torch.isfinite(raw).all())
+        overflowed = not bool(torch.isfinite(v.model.decode(v._model_input(z))).all())
     got = v.decode(z)
-    err = max_abs(got.cpu(), want)
-    up = v.last_upcast
-    dtypes = "/".join(str(d).removeprefix("torch.") for d in dict.fromkeys(up.dtypes)) if up and up.tiles else "none"
-    # redone in fp32 (the CPU): within fp16 weights' rounding of fp32; in bf16 (CUDA): bf16's own limit
-    if up and up.tiles and up.dtypes[-1] == torch.bfloat16:
-        err, limit, what = rel_rms(got, want), HALF_TOLERANCE["decode", torch.bfloat16], "rel RMS"
-    else:
-        limit, what = 1e-2, "max abs"
-    ok = overflowed and bool(torch.isfinite(got).all()) and err <= limit and dtypes != "none"
+    # redone in bf16 first (CUDA): bf16's own limit; in fp32 (the CPU): within fp16 weights' rounding of fp32
+    bf16 = upcast(v).endswith("bfloat16")
+    err, limit = (rel_rms(got, want), HALF_TOLERANCE["decode", torch.bfloat16]) if bf16 else (max_abs(got.cpu(), want), 1e-2)
+    ok = overflowed and bool(torch.isfinite(got).all()) and err <= limit and upcast(v) != ""
     return Line("fp16 NaN guard (KL, decoder conv_in x3000)", "ok" if ok else "FAIL",
-                f"raw fp16 {'overflows' if overflowed else 'is finite (no test)'}; guarded: redone in {dtypes}, "
-                f"{what} {err:.1e} vs CPU fp32",
+                f"raw fp16 {'overflows' if overflowed else 'is finite (no test)'}; guarded: redone in "
+                f"{upcast(v) or 'none'}, {'rel RMS' if bf16 else 'max abs'} {err:.1e} vs CPU fp32",
                 "raw non-finite; guarded finite: redone in fp32 max abs <= 1e-2, in bf16 (CUDA, first) "
                 f"rel RMS <= {HALF_TOLERANCE['decode', torch.bfloat16]}")
 
 
-def _exact_line(env: Env, family: str) -> Line:
+def exact_line(env: Env, family: str) -> Line:
     """Exact 2x2 tiles on the device: tiles in rounds with paused tiles parked in host memory (KL), tile
     after tile with maps in host memory (TAESD; Qwen-Image 2.1 = Wan's code in 2-D)."""
     cpu = configs.build(configs.TEST[family], "cpu", seed=0)
-    c = cpu.caps
-    z = torch.randn(1, c.latent_channels_packed, 8, 8, generator=torch.Generator().manual_seed(2))
-    want = cpu.decode(z)
-    v = _copy(cpu, env.device, torch.float32)
-    with no_tf32():
-        got = v.decode(z, tile=4 * c.spatial_ratio_packed, mode="exact")
-    err = max_abs(got, want)
+    z = torch.randn(1, cpu.caps.latent_channels_packed, 8, 8, generator=torch.Generator().manual_seed(2))
+    err = max_abs(copied(cpu, env.device, torch.float32).decode(z, tile=4 * cpu.caps.spatial_ratio_packed, mode="exact"),
+                  cpu.decode(z))
     return Line(f"{family}: exact 2x2 tiles on the device", "ok" if err <= 1e-4 else "FAIL",
                 f"max abs {err:.1e} vs CPU fp32 one pass", "<= 1e-4")
 
 
-# ---- rows b, c, d: the budget kept ---------------------------------------------------------------
-
-def _budget_line(env: Env, case: str, peak: Peak, budget: int, pred: dict, err: float, ref: Optional[Peak],
-                 err_target: str, extra: str = "") -> Line:
-    """One budget line: peaks against the budget and the prediction, error and time against one pass
-    (ok: the budget kept, and the error within 0.05 where there is a one pass to compare with)."""
-    kept = peak.allocated <= budget and peak.reserved <= budget and not err > 0.05
-    figs = [peak.text(env.cuda), f"predicted {mib(pred['device'])} ({pred['describe']})"]
+def budget_line(env: Env, case: str, peak: Peak, plan: dict, err: float, ref: Optional[Peak], note: str,
+                extra: str = "") -> Line:
+    """Peaks against the budget and the prediction, error and time against one pass (ok: the budget kept,
+    and the error within 0.05 where there is a one pass to compare with)."""
+    budget, pred = plan["budget"], plan["device"]
+    figs = [peak.text(env.cuda), f"predicted {mib(pred)} ({plan['describe']})"]
     if env.cuda:
-        figs.append(f"pred/alloc {pred['device'] / max(peak.allocated, 1):.2f}, "
-                    f"pred/reserved {pred['device'] / max(peak.reserved, 1):.2f}")
-    figs.append(f"max abs {err:.1e} vs one pass" if err == err else "no one pass")
-    if ref is not None:
-        figs.append(f"time {peak.seconds / max(ref.seconds, 1e-9):.2f}x one pass")
-    if extra:
-        figs.append(extra)
-    return Line(case, "ok" if kept else "FAIL", "; ".join(figs),
-                f"allocated and reserved <= budget {mib(budget)}; {err_target}")
+        figs.append(f"pred/alloc {pred / max(peak.allocated, 1):.2f}, pred/reserved {pred / max(peak.reserved, 1):.2f}")
+    figs.append(f"max abs {err:.1e} vs {note}" if err == err else "no one pass")
+    figs += [f"time {peak.seconds / max(ref.seconds, 1e-9):.2f}x one pass"] if ref else []
+    ok = peak.allocated <= budget and peak.reserved <= budget and not err > 0.05
+    return Line(case, "ok" if ok else "FAIL", "; ".join(figs + [extra] if extra else figs),
+                f"allocated and reserved <= budget {mib(budget)}; max abs <= 0.05 vs {note} (bf16 rounds per tile shape)")
 
 
-def _point(env: Env, case: str, live: int, peak: Peak) -> None:
-    """A calibration point, kept for row k's fit (in the run's folder: each row has its own process)."""
-    point = (case, live, peak.allocated, peak.reserved)
-    env.points.append(point)
-    if env.run_dir is not None:
-        with (env.run_dir / "points.jsonl").open("a") as f:
-            f.write(json.dumps(point) + "\n")
-
-
-def _read_points(run_dir: Optional[Path]) -> list[tuple[str, int, int, int]]:
-    path = run_dir / "points.jsonl" if run_dir else None
-    if path is None or not path.exists():
-        return []
-    return [tuple(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-
-
-def row_b(env: Env) -> Iterator[Line]:
+def budget_lines(env: Env, key: str):
+    """One case of BUDGET: the exact call in its budget (row b as a user calls it, the planning inside the
+    call; the others with the helper's plan), then the one pass it is compared with (row c: of the first
+    5 latent frames, the decoder being causal in time; ``--full-untiled``: the whole clip)."""
     from vae.engine import budget as planner
     from vae.engine import transfer
-    hwt, _ = sizes(env)["b"]
-    dtype = env.half()
-    v = configs.build(env.entry("wan"), env.device, dtype)
-    z = latent(env.entry("wan"), hwt)
-    name = f"{env.label('wan')} {hwt[1]}x{hwt[0]}x{hwt[2]} {str(dtype).removeprefix('torch.')}"
-    one_pred = planner.predict(v, v.call_for("decode", z.shape), env.device, env.host)
-    warm = z[:, :, :2, :16, :16]              # the device's first kernels and workspaces, outside the timings
-    v.decode(warm)
-    v.decode(warm, tile=64, mode="exact")
-    plan = env.helpers.get("b", env)
-    budget, start = plan["budget"], []
-    most = dict(tile=plan["most"]) if plan["most"] else {}     # --small: tiles of at most this size
-    case = f"{name}: exact in {mib(budget)}, as a user calls it" + (f" (tiles at most {most['tile']} px)" if most else "")
-
-    def call():
-        start.append(time.time())
-        return v.decode(z, mode="exact", budget=budget, progress=progress(env, case), **most)
-    # the budget first (the row's point), one pass after it: a row stopped in the one pass has its figures
+    fam, op, seed, shows = BUDGET[key]
+    (h, w, t), entry, plan, user = SIZES[env.small][key][0], env.entry(fam), env.plan(key), key == "b"
+    v, x = configs.build(entry, env.device, env.half), inputs(entry, op, (h, w, t), seed)
+    call, most = getattr(v, op), f" (tiles at most {plan['most']} px)" if user and plan["most"] else ""
+    name = f"{env.label(fam)}{' encode' * (op == 'encode')} {w}x{h}{f'x{t}' * (t > 1)} {short(env.half)}"
+    case = f"{name}: exact in {mib(plan['budget'])}{shows}{most}"
+    # as a user calls it: the budget (--small: and a tile of at most this size), the planning inside the call
+    kw = dict(budget=plan["budget"], tile=plan["most"]) if user else dict(tile=plan["tile"], tile_frames=plan["tile_frames"])
+    for warm in (dict(), dict(tile=64, mode="exact")) if user else ():    # first kernels, workspaces: not timed
+        v.decode(x[:, :, :2, :16, :16], **warm)
+    start = []
     with logged() as records:
-        out, pe = measured(env, call)
+        out, pe = measured(env, lambda: start.append(time.time()) or call(
+            x, mode="exact", progress=progress(env, case), **kw))
+    env.point(f"{name} exact {plan['tile']} px", plan["live"], pe)
+    env.reach(f"{case}: " + budget_line(env, case, pe, plan, math.nan, None, "").figures)
     planned = [r for r in records if "predicted" in r.getMessage()]
-    plan_s = planned[0].created - start[0] if planned else float("nan")
-    same = bool(planned) and plan["describe"] in planned[0].getMessage()
-    _point(env, f"{name} exact {plan['tile']} px", plan["live"], pe)
-    env.reach(f"{case}: " + _budget_line(env, case, pe, budget, plan, float("nan"), None, "").figures)
-    ref, p1 = measured(env, lambda: v.decode(z))
-    _point(env, f"{name} one pass", one_pred.live, p1)
-    yield Line(f"{name}: one pass", "info", f"{p1.text(env.cuda)}; predicted {mib(one_pred.device)}")
-    yield _budget_line(env, case, pe, budget, plan, max_abs(out, ref), p1, "max abs <= 0.05 (bf16 rounds per tile shape)",
-                       f"of which planning {plan_s:.1f} s (without it {(pe.seconds - plan_s) / max(p1.seconds, 1e-9):.2f}x)"
-                       + ("" if same else f"; the call planned otherwise: {planned[0].getMessage() if planned else '?'}"))
-    del out, ref
-    if env.cuda and env.left() > 2 * pe.seconds:
-        transfer.EMPTY_CACHE_BETWEEN_STAGES = False
-        try:
-            out, p2 = measured(env, lambda: v.decode(z, tile=plan["tile"], tile_frames=plan["tile_frames"],
-                                                     mode="exact"))
-        finally:
-            transfer.EMPTY_CACHE_BETWEEN_STAGES = True
+    plan_s = planned[0].created - start[0] if planned else math.nan
+    err, note, p1 = math.nan, "one pass", None
+    if key != "c" or env.a.full_untiled:
+        one = planner.predict(v, v.call_for(op, x.shape), env.device, env.host)
+        ref, p1 = measured(env, lambda: call(x))
+        env.point(f"{name} one pass", one.live, p1)
+        yield Line(f"{name}: one pass", "info", f"{p1.text(env.cuda)}; predicted {mib(one.device)}")
+        err = max_abs(out, ref)
+        del ref
+    elif env.left() > 30 or env.small:
+        first = v.decode(x[:, :, :5])
+        err, note = max_abs(out[:, :, :first.shape[2]], first), f"one pass of the first {first.shape[2]} frames"
+    if user:
+        extra = (f"of which planning {plan_s:.1f} s (without it {(pe.seconds - plan_s) / max(p1.seconds, 1e-9):.2f}x)"
+                 + ("" if planned and plan["describe"] in planned[0].getMessage() else
+                    f"; the call planned otherwise: {planned[0].getMessage() if planned else '?'}"))
+    else:
+        extra = (f"planned in {plan['seconds']:.0f} s beside the device's work; host held maps {mib(plan['maps'])} + "
+                 f"output {mib(plan['output'])} predicted")
+    yield budget_line(env, case, pe, plan, err, p1, note, extra)
+    del out
+    if user and not env.cuda:
+        yield Line(f"{name}: no empty_cache between stages", NEEDS_CUDA,
+                   "the caching allocator's reserved bytes exist on CUDA only")
+    elif user and env.left() > 2 * pe.seconds:
+        with mock.patch.object(transfer, "EMPTY_CACHE_BETWEEN_STAGES", False):
+            _, p2 = measured(env, lambda: v.decode(x, tile=plan["tile"], tile_frames=plan["tile_frames"], mode="exact"))
         yield Line(f"{name}: the same plan, no empty_cache between stages", "info",
                    f"{p2.text(env.cuda)} (with it: reserved {mib(pe.reserved)}, {pe.seconds:.1f} s incl. planning)",
                    "where empty_cache pays: reserved with vs without")
-    elif not env.cuda:
-        yield Line(f"{name}: no empty_cache between stages", NEEDS_CUDA,
-                   "the caching allocator's reserved bytes exist on CUDA only", "")
 
 
-def row_c(env: Env) -> Iterator[Line]:
-    hwt, _ = sizes(env)["c"]
-    dtype = env.half()
-    v = configs.build(env.entry("wan"), env.device, dtype)
-    z = latent(env.entry("wan"), hwt, seed=1)
-    name = f"{env.label('wan')} {hwt[1]}x{hwt[0]}x{hwt[2]} {str(dtype).removeprefix('torch.')}"
-    plan = env.helpers.get("c", env)
-    case = f"{name}: exact in {mib(plan['budget'])}"
-    out, pe = measured(env, lambda: v.decode(z, tile=plan["tile"], tile_frames=plan["tile_frames"], mode="exact",
-                                             progress=progress(env, case)))
-    _point(env, f"{name} exact {plan['tile']} px", plan["live"], pe)
-    env.reach(f"{case}: " + _budget_line(env, case, pe, plan["budget"], plan, float("nan"), None, "").figures)
-    err, ref, note = float("nan"), None, "one pass"
-    if env.full_untiled:
-        ref_full, ref = measured(env, lambda: v.decode(z))
-        err = max_abs(out, ref_full)
-        del ref_full
-    elif env.left() > 30 or env.small:
-        first = v.decode(z[:, :, :5])       # causal in time: its frames are the clip's first ones
-        err = max_abs(out[:, :, :first.shape[2]], first)
-        note = f"one pass of the first {first.shape[2]} frames"
-        del first
-    yield _budget_line(env, case, pe, plan["budget"], plan, err, ref, f"max abs <= 0.05 vs {note}", f"plan {plan['seconds']:.0f} s in a helper process; "
-                       f"host held maps {mib(plan['maps'])} + output {mib(plan['output'])} predicted")
+def budget_rows(env: Env, keys: tuple):
+    for key in keys:
+        yield from guarded(f"{key}: exact tiles in a budget", budget_lines, env, key)
 
 
-def row_d(env: Env) -> Iterator[Line]:
-    yield from _lines("tiled encode in a budget", lambda: _d_encode(env))
-    yield from _lines("parked rounds in a budget", lambda: _d_rounds(env))
-
-
-def _lines(case: str, make: Callable[[], Iterator[Line]]) -> Iterator[Line]:
-    """The lines of one part of a row; its failure becomes a line and the row goes on."""
-    try:
-        yield from make()
-    except TimeUp:
-        raise
-    except Exception as e:         # noqa: BLE001 - reported in the line
-        yield Line(case, "error", _error_text(e))
-
-
-def _d_encode(env: Env) -> Iterator[Line]:
-    dtype = env.half()
-    hwt, _ = sizes(env)["d_enc"]
-    v = configs.build(env.entry("wan"), env.device, dtype)
-    h, w, t = hwt
-    x = torch.rand(1, 3, t, h, w, generator=torch.Generator().manual_seed(3))
-    name = f"{env.label('wan')} encode {w}x{h}x{t}"
-    one_pred = _predict(v, "encode", x.shape, env)
-    ref, p1 = measured(env, lambda: v.encode(x))
-    _point(env, f"{name} one pass", one_pred.live, p1)
-    yield Line(f"{name}: one pass", "info", f"{p1.text(env.cuda)}; predicted {mib(one_pred.device)}")
-    plan = env.helpers.get("d_enc", env)
-    out, pe = measured(env, lambda: v.encode(x, tile=plan["tile"], tile_frames=plan["tile_frames"], mode="exact",
-                                             progress=progress(env, f"{name}: exact")))
-    _point(env, f"{name} exact {plan['tile']} px", plan["live"], pe)
-    yield _budget_line(env, f"{name}: exact in {mib(plan['budget'])}", pe, plan["budget"], plan, max_abs(out, ref),
-                       p1, "max abs <= 0.05 (latent, bf16)", f"plan {plan['seconds']:.0f} s in a helper process")
-
-
-def _d_rounds(env: Env) -> Iterator[Line]:
-    dtype = env.half()
-    hwt, _ = sizes(env)["d_kl"]
-    v = configs.build(env.entry("kl"), env.device, dtype)
-    z = latent(env.entry("kl"), hwt, seed=4)
-    name = f"{env.label('kl')} {hwt[1]}x{hwt[0]}"
-    one_pred = _predict(v, "decode", z.shape, env)
+def row_e(env: Env):
+    (h, w, t), entry = SIZES[env.small]["e"], env.entry("wan")
+    v, z = configs.build(entry, env.device, torch.float32), inputs(entry, "decode", (h, w, t), 5)
     ref, p1 = measured(env, lambda: v.decode(z))
-    _point(env, f"{name} one pass", one_pred.live, p1)
-    yield Line(f"{name}: one pass", "info", f"{p1.text(env.cuda)}; predicted {mib(one_pred.device)}")
-    plan = env.helpers.get("d_kl", env)
-    out, pe = measured(env, lambda: v.decode(z, tile=plan["tile"], mode="exact", progress=progress(env, f"{name}: exact")))
-    _point(env, f"{name} exact {plan['tile']} px", plan["live"], pe)
-    yield _budget_line(env, f"{name}: exact in {mib(plan['budget'])} (tiles in rounds, parked)", pe,
-                       plan["budget"], plan, max_abs(out, ref), p1, "max abs <= 0.05 (bf16)",
-                       f"plan {plan['seconds']:.0f} s in a helper process")
-
-
-def _predict(v, op: str, shape, env: Env):
-    from vae.engine import budget as planner
-    return planner.predict(v, v.call_for(op, tuple(shape)), env.device, env.host)
-
-
-# ---- row e: the replan -----------------------------------------------------------------------------
-
-def row_e(env: Env) -> Iterator[Line]:
-    hwt = sizes(env)["e"]
-    v = configs.build(env.entry("wan"), env.device, torch.float32)
-    z = latent(env.entry("wan"), hwt, seed=5)
-    with no_tf32():
-        ref, p1 = measured(env, lambda: v.decode(z))
-        with _capped(env, v, p1) as cap, logged(logging.WARNING) as records:
-            out, pr = measured(env, lambda: v.decode(z))
+    with capped(env, v, p1) as (cap, base), logged(logging.WARNING) as records:
+        out, pr = measured(env, lambda: v.decode(z))
     retries = [r for r in records if "retrying with" in r.getMessage()]
-    err = max_abs(out, ref)
-    held = [r.allocated - cap["base"] for r in retries if r.allocated >= 0]
+    err, held = max_abs(out, ref), [mib(r.allocated - base) for r in retries if r.allocated >= 0]
     ok = bool(retries) and "exact" in retries[-1].getMessage() and err <= 1e-4
-    capped = f"capped at {mib(cap['cap'])}" if env.cuda else "out of memory simulated (its first call raises)"
-    yield Line(f"{env.label('wan')} {hwt[1]}x{hwt[0]}x{hwt[2]} fp32, no budget, {capped}",
+    yield Line(f"{env.label('wan')} {w}x{h}x{t} fp32, no budget, "
+               + (f"capped at {mib(cap)}" if env.cuda else "out of memory simulated (its first call raises)"),
                "ok" if ok else "FAIL",
                f"one pass needs {mib(p1.allocated)}; {len(retries)} replan(s): "
                f"{retries[-1].getMessage().split(';')[-1].strip() if retries else 'none'}; "
-               + (f"held at each replan {', '.join(mib(b) for b in held)}; " if held else "")
+               + (f"held at each replan {', '.join(held)}; " if held else "")
                + f"{pr.text(env.cuda)}; max abs {err:.1e} vs one pass",
                "replanned in exact tiles, max abs <= 1e-4 (fp32, TF32 off)")
     if not env.cuda:
         yield Line("the cap (torch.cuda.set_per_process_memory_fraction)", NEEDS_CUDA,
-                   "above, torch.OutOfMemoryError raised by hand inside the model: the same replan code", "")
+                   "above, torch.OutOfMemoryError raised by hand inside the model: the same replan code")
 
 
 @contextlib.contextmanager
-def _capped(env: Env, v, one_pass: Peak):
-    """The device capped at the weights plus 60% of one pass's need (CUDA: the caching allocator's
-    per-process fraction); on the CPU, no cap exists: the first call fails with the out-of-memory error a
-    device raises (the replan after it is the same code)."""
+def capped(env: Env, v, one_pass: Peak):
+    """(cap, bytes held before): the device capped at the weights plus 60% of one pass's need (the caching
+    allocator's per-process fraction); on the CPU, where no cap exists, the first call fails with the
+    out-of-memory error a device raises (the replan after it is the same code)."""
     if env.cuda:
-        total = torch.cuda.get_device_properties(env.device).total_memory
         base = torch.cuda.memory_allocated(env.device)
-        cap = base + int(0.6 * one_pass.allocated)
+        cap, total = base + int(0.6 * one_pass.allocated), torch.cuda.get_device_properties(env.device).total_memory
         torch.cuda.empty_cache()
         torch.cuda.set_per_process_memory_fraction(cap / total, env.device)
         try:
-            yield dict(cap=cap, base=base)
+            yield cap, base
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, env.device)
         return
-    real, calls = v.model.decode, []
+    real, first = v.model.decode, iter([True])
 
-    def failing_once(x, *a, **k):         # one pass fails mid-forward, as a capped device would make it
-        calls.append(1)
-        if len(calls) == 1:
+    def failing_once(*a, **k):         # one pass fails mid-forward, as a capped device would make it
+        if next(first, False):
             raise torch.OutOfMemoryError("out of memory (as a capped device would raise it)")
-        return real(x, *a, **k)
+        return real(*a, **k)
     v.model.decode = failing_once
     try:
-        yield dict(cap=int(0.6 * one_pass.allocated), base=0)
+        yield int(0.6 * one_pass.allocated), 0
     finally:
         v.model.decode = real
 
 
-# ---- row k: calibration ------------------------------------------------------------------------------
-
-def row_k(env: Env) -> Iterator[Line]:
-    cal = CALIBRATE if env.calibrate and not env.small else sizes(env)
+def row_k(env: Env):
+    """Calibration points: the measured peaks against the prediction; then the fit over the run's points."""
+    cal = CALIBRATE if env.a.calibrate and not env.small else SIZES[env.small]
     for fam in ("wan", "kl"):
-        yield from _lines(f"{fam} points", lambda: _points(env, fam, cal[f"k_{fam}"]))
+        yield from guarded(f"{fam} points", k_lines, env, fam, cal[f"k_{fam}"])
     yield from fit_lines(env)
 
 
-def _points(env: Env, fam: str, cases: list) -> Iterator[Line]:
-    v = configs.build(env.entry(fam), env.device, env.half())
-    for hwt, tile in cases:
-        z = latent(env.entry(fam), hwt, seed=6)
-        pred = env.helpers.get(("k", fam, hwt, tile), env)
-        kw = dict(tile=tile, mode="exact") if tile else {}
-        _, peak = measured(env, lambda: v.decode(z, **kw))
-        case = f"{fam} {hwt[1]}x{hwt[0]}x{hwt[2]} " + (f"exact {tile} px" if tile else "one pass")
-        _point(env, case, pred["live"], peak)
-        yield Line(case, "info", f"live {mib(pred['live'])} predicted {mib(pred['device'])}; {peak.text(env.cuda)}")
+def k_lines(env: Env, fam: str, points: list):
+    from vae.engine import budget as planner
+    v = configs.build(env.entry(fam), env.device, env.half)
+    for (h, w, t), tile in points:
+        z = inputs(env.entry(fam), "decode", (h, w, t), 6)
+        pred = planner.predict(v, v.call_for("decode", z.shape, tile=tile or 0, mode="exact"), env.device, env.host)
+        _, peak = measured(env, lambda: v.decode(z, **(dict(tile=tile, mode="exact") if tile else {})))
+        case = f"{fam} {w}x{h}x{t} " + (f"exact {tile} px" if tile else "one pass")
+        env.point(case, pred.live, peak)
+        yield Line(case, "info", f"live {mib(pred.live)} predicted {mib(pred.device)}; {peak.text(env.cuda)}")
 
 
 def fit(points: list[tuple[int, int]]) -> tuple[float, int, int]:
-    """measured = factor * live + fixed: the least-squares factor, the least-squares fixed bytes and the
-    fixed bytes that put every point under the line (the conservative fit)."""
+    """measured = factor * live + fixed: the least-squares factor (at least 1), the least-squares fixed
+    bytes and the fixed bytes that put every point under the line (the conservative fit)."""
     n = len(points)
     if n < 2:
         live, meas = points[0] if points else (1, 0)
-        factor = meas / max(live, 1)
-        return factor, 0, 0
-    mx = sum(p[0] for p in points) / n
-    my = sum(p[1] for p in points) / n
+        return meas / max(live, 1), 0, 0
+    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
     sxx = sum((p[0] - mx) ** 2 for p in points)
-    factor = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx else my / max(mx, 1)
-    factor = max(factor, 1.0)
-    fixed = int(my - factor * mx)
-    envelope = math.ceil(max(p[1] - factor * p[0] for p in points))
-    return factor, fixed, envelope
+    factor = max(sum((p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx else my / max(mx, 1), 1.0)
+    return factor, int(my - factor * mx), math.ceil(max(p[1] - factor * p[0] for p in points))
 
 
-def fit_lines(env: Env) -> Iterator[Line]:
+def fit_lines(env: Env):
     """The fit over every point the run measured (this row's and rows b-e's)."""
     from vae.engine import memory
     pts = [p for p in env.points if p[1] > 0]
@@ -905,9 +564,8 @@ def fit_lines(env: Env) -> Iterator[Line]:
         yield Line("fit", "skipped", "no points measured")
         return
     now = memory.calibration_entry(env.device)
-    yield Line(f"calibration in use on {env.device.type}", "info",
-               f"{now.factor} x live + {mib(now.fixed)}, {'measured' if now.measured else 'NOT measured'}: {now.source}",
-               "vae/engine/memory.py CALIBRATION")
+    yield Line(f"calibration in use on {env.device.type}", "info", f"{now.factor} x live + {mib(now.fixed)}, "
+               f"{'measured' if now.measured else 'NOT measured'}: {now.source}", "vae/engine/memory.py CALIBRATION")
     for what, k in (("allocated", 2), ("reserved", 3)):
         factor, fixed, envelope = fit([(p[1], p[k]) for p in pts])
         worst = max(p[k] / max(memory.calibrated(p[1], env.device), 1) for p in pts)
@@ -915,77 +573,57 @@ def fit_lines(env: Env) -> Iterator[Line]:
                    f"factor {factor:.3f}, fixed {mib(fixed)} (least squares), {mib(envelope)} (every point under "
                    f"it); measured/predicted with the table's ({now.factor}, {mib(now.fixed)}): at most {worst:.2f}",
                    "the calibration is conservative if measured/predicted <= 1")
-        if what == "reserved":
-            where, day = header_device(env), datetime.date.today().isoformat()
-            against = "max_memory_reserved" if env.cuda else "peak RSS"
-            yield Line("suggested CALIBRATION", "info",
-                       f'"{env.device.type}": Calibration({factor:.3f}, {math.ceil(max(envelope, 0) / MIB)} << 20, True, "{against}, '
-                       f'{len(pts)} points ({", ".join(p[0] for p in pts)}), bench/gpu_check.py, {where}, '
-                       f'torch {torch.__version__}, {day}")',
-                       "vae/engine/memory.py (every point under the line)")
+    yield Line("suggested CALIBRATION", "info",     # the reserved fit's, every point under the line
+               f'"{env.device.type}": Calibration({factor:.3f}, {math.ceil(max(envelope, 0) / MIB)} << 20, True, '
+               f'"{"max_memory_reserved" if env.cuda else "peak RSS"}, {len(pts)} points '
+               f'({", ".join(p[0] for p in pts)}), bench/gpu_check.py, {device_text(env)}, torch {torch.__version__}, '
+               f'{datetime.date.today().isoformat()}")', "vae/engine/memory.py (every point under the line)")
 
 
-# ---- row f: Compile VAE ----------------------------------------------------------------------------------
-
-def row_f(env: Env) -> Iterator[Line]:
+def row_f(env: Env):
+    """Compile VAE on the KL decoder against eager (time, equality), and exact tiles through it."""
     from vae.compile import compile_vae
-    entry = env.entry("kl")
-    dtype = env.half()
-    backend = "inductor" if env.cuda else "aot_eager"
-    hwt = sizes(env)["f"]
-    v = configs.build(entry, env.device, dtype)
-    r = v.caps.spatial_ratio
-    z = torch.randn(1, v.caps.latent_channels, hwt[0] // r, hwt[1] // r, generator=torch.Generator().manual_seed(7))
+    dtype, backend, (h, w, t) = env.half, "inductor" if env.cuda else "aot_eager", SIZES[env.small]["f"]
+    v, z = configs.build(env.entry("kl"), env.device, dtype), inputs(env.entry("kl"), "decode", (h, w, t), 7)
     v.decode(z)
     eager, pe = measured(env, lambda: v.decode(z))
-    cv, report = compile_vae(v, encoder=False, backend=backend)
-    first, p0 = measured(env, lambda: cv.decode(z))
+    cv, _ = compile_vae(v, encoder=False, backend=backend)
+    _, p0 = measured(env, lambda: cv.decode(z))
     out, pc = measured(env, lambda: cv.decode(z))
-    err = max_abs(out, eager)
-    fallback = cv.fallbacks()
-    tol = 2e-2 if dtype != torch.float32 else 1e-4
+    err, fallback, tol = max_abs(out, eager), cv.fallbacks(), 2e-2 if dtype != torch.float32 else 1e-4
     ok = not fallback and cv.graph_count("decode") > 0 and err <= tol
-    yield Line(f"KL {hwt[1]} px {str(dtype).removeprefix('torch.')} decode, {backend}", "ok" if ok else "FAIL",
+    yield Line(f"KL {w} px {short(dtype)} decode, {backend}", "ok" if ok else "FAIL",
                f"eager {pe.seconds:.2f} s; compiled: first call {p0.seconds:.1f} s (compiling), then {pc.seconds:.2f} s "
                f"= {pc.seconds / max(pe.seconds, 1e-9):.2f}x eager; {cv.graph_count('decode')} graph(s); "
                f"max abs {err:.1e} vs eager" + (f"; FELL BACK: {fallback}" if fallback else ""),
                f"compiled, max abs <= {tol:g}, faster than eager")
-    tile = 2 * r * max(4, hwt[0] // r // 4)
+    r = v.caps.spatial_ratio
+    tile, before = 2 * r * max(4, h // r // 4), cv.graph_count("decode")
     ex_eager, pxe = measured(env, lambda: v.decode(z, tile=tile, mode="exact"))
-    before = cv.graph_count("decode")
     ex, pxc = measured(env, lambda: cv.decode(z, tile=tile, mode="exact"))
-    built = cv.graph_count("decode") - before
-    err = max_abs(ex, ex_eager)
-    if built:
-        yield Line(f"exact {tile} px tiles, compiled", "ok" if err <= tol else "FAIL",
-                   f"{built} graph(s) built; {pxc.seconds:.2f} s vs eager exact {pxe.seconds:.2f} s; max abs {err:.1e}",
-                   "exact tiles through compiled graphs")
-    else:
-        yield Line(f"exact {tile} px tiles, compiled", "info",
-                   f"not available in this build: exact tiles ran eagerly ({pxc.seconds:.2f} s vs {pxe.seconds:.2f} s); "
-                   f"max abs {err:.1e}", "exact tiles through compiled graphs")
-    _ = first
+    built, err = cv.graph_count("decode") - before, max_abs(ex, ex_eager)
+    yield Line(f"exact {tile} px tiles, compiled", ("ok" if err <= tol else "FAIL") if built else "info",
+               (f"{built} graph(s) built; " if built else "not available in this build: exact tiles ran eagerly (")
+               + f"{pxc.seconds:.2f} s vs eager exact {pxe.seconds:.2f} s" + ("; " if built else "); ")
+               + f"max abs {err:.1e}", "exact tiles through compiled graphs")
     if not env.cuda:
-        yield Line("inductor (CUDA kernels)", NEEDS_CUDA, "aot_eager above checks the graphs, not the kernels", "")
+        yield Line("inductor (CUDA kernels)", NEEDS_CUDA, "aot_eager above checks the graphs, not the kernels")
 
 
-# ---- row g: beside ComfyUI core -------------------------------------------------------------------------
-
-def row_g(env: Env) -> Iterator[Line]:
+def row_g(env: Env):
+    """ComfyUI core's VAE Decode and VAE Decode (Tiled) on the same Wan 2.1 weights and latent as ours."""
     sys.path.insert(0, str(Path(env.comfyui).resolve()))
     from comfy.cli_args import args
     args.cpu = not env.cuda
     import comfy.sd
 
     from vae.archs.wan_layout import to_original
-    hwt = sizes(env)["g"]
-    dtype = env.half()
+    (h, w, t), dtype = SIZES[env.small]["g"], env.half
     v = configs.build(env.entry("wan"), env.device, dtype)
-    core = comfy.sd.VAE(sd={k: t.contiguous() for k, t in to_original(v.state_dict(), nested=False).items()})
-    z = latent(env.entry("wan"), hwt, seed=8)
+    core = comfy.sd.VAE(sd={k: x.contiguous() for k, x in to_original(v.state_dict(), nested=False).items()})
+    z = inputs(env.entry("wan"), "decode", (h, w, t), 8)
     ours, po = measured(env, lambda: v.decode(z, mode="exact", budget=4 * GIB if env.cuda else None))
-    mine = ours.permute(0, 2, 3, 4, 1)                      # [B, T, H, W, C], as core's images
-    name = f"{env.label('wan')} {hwt[1]}x{hwt[0]}x{hwt[2]}"
+    mine, name = ours.permute(0, 2, 3, 4, 1), f"{env.label('wan')} {w}x{h}x{t}"     # [B, T, H, W, C] as core's
     with torch.inference_mode():
         core.decode(z[:, :, :1, :8, :8])        # core loads its weights onto the device: not part of the call
     yield Line(f"{name}: ours exact" + (" in 4 GiB" if env.cuda else ""), "info", po.text(env.cuda))
@@ -997,28 +635,20 @@ def row_g(env: Env) -> Iterator[Line]:
         out = out.reshape(mine.shape) if out.numel() == mine.numel() else out
         yield Line(f"{name}: {label}", "info", f"{pc.text(env.cuda)}; max abs vs ours {max_abs(out.float().cpu(), mine):.1e}; "
                    f"time {pc.seconds / max(po.seconds, 1e-9):.2f}x ours", f"core's VAE dtype {core.vae_dtype}")
-        del out
 
 
-# ---- row n: several devices ------------------------------------------------------------------------------
-
-def row_n(env: Env) -> Iterator[Line]:
+def row_n(env: Env):
+    """The exact decode across two devices (NCCL; on the CPU two gloo ranks) against one device."""
     from safetensors.torch import save_file
 
     import vae
     from vae.workers import Pool
-    devices = ["cuda:0", "cuda:1"] if env.cuda else ["cpu", "cpu"]
-    entry = env.entry("wan")
-    dtype = env.half()
-    hwt = sizes(env)["n"]
+    devices, dtype, (h, w, t) = ["cuda:0", "cuda:1"] if env.cuda else ["cpu", "cpu"], env.half, SIZES[env.small]["n"]
+    z, tile = inputs(env.entry("wan"), "decode", (h, w, t), 9), 16 * max(1, w // 64)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
-        path = Path(tmp) / "wan.safetensors"
-        built = configs.build(entry, env.device, dtype)
-        save_file({k: t.contiguous().cpu() for k, t in built.state_dict().items()}, str(path))
-        del built
-        v = vae.load(str(path), dtype=dtype, device=devices[0])
-        z = latent(entry, hwt, seed=9)
-        tile = 16 * max(1, hwt[1] // 64)
+        save_file({k: x.contiguous().cpu() for k, x in configs.build(env.entry("wan"), env.device, dtype)
+                   .state_dict().items()}, f"{tmp}/wan.safetensors")
+        v = vae.load(f"{tmp}/wan.safetensors", dtype=dtype, device=devices[0])
         one, p1 = measured(env, lambda: v.decode(z, tile=tile, mode="exact"))
         pool = Pool(devices)
         try:
@@ -1026,36 +656,19 @@ def row_n(env: Env) -> Iterator[Line]:
         finally:
             pool.close()
     err = max_abs(out, one)
-    backend = "NCCL" if env.cuda else "gloo"
-    yield Line(f"Wan {hwt[1]}x{hwt[0]}x{hwt[2]} exact {tile} px on {', '.join(devices)} ({backend})",
+    yield Line(f"Wan {w}x{h}x{t} exact {tile} px on {', '.join(devices)} ({'NCCL' if env.cuda else 'gloo'})",
                "ok" if err <= 1e-4 else "FAIL", f"{p2.seconds:.1f} s vs {p1.seconds:.1f} s on one; rank 0 "
                f"{p2.text(env.cuda)}; max abs {err:.1e} vs one device", "<= 1e-4 vs one device's exact tiles")
 
 
-ROWS = {"a": ("every family, every dtype", row_a), "b": ("720p x 81 in 4 GiB", row_b),
-        "d": ("encode and parked rounds in a budget", row_d), "e": ("the replan", row_e),
-        "k": ("calibration", row_k), "c": ("1080p x 241 in 4 GiB", row_c), "f": ("Compile VAE", row_f),
+ROWS = {"a": ("every family, every dtype", row_a), "b": ("720p x 81 in 4 GiB", partial(budget_rows, keys=("b",))),
+        "d": ("encode and parked rounds in a budget", partial(budget_rows, keys=("d_enc", "d_kl"))),
+        "e": ("the replan", row_e), "k": ("calibration", row_k),
+        "c": ("1080p x 241 in 4 GiB", partial(budget_rows, keys=("c",))), "f": ("Compile VAE", row_f),
         "g": ("beside ComfyUI core", row_g), "n": ("several devices", row_n)}
 
 
-# ---- the run ---------------------------------------------------------------------------------------------
-
-def _error_text(e: BaseException) -> str:
-    """The error's type, first line and where it was raised."""
-    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-    return f"{type(e).__name__}: {first}" + (f" ({Path(where.filename).name}:{where.lineno})" if where else "")
-
-
-def _alarm(signum, frame):
-    raise TimeUp()
-
-
-def estimate(env: Env, key: str) -> float:
-    return ESTIMATE_S[key][1 if env.small else 0]
-
-
-def skip_reason(env: Env, key: str) -> Optional[str]:
+def skip_reason(env, key: str) -> Optional[str]:
     """Why row ``key`` cannot run here (it is then skipped without a process, and takes no share)."""
     if key == "g" and not env.comfyui:
         return "no --comfyui DIR given (no ComfyUI on this machine)"
@@ -1064,178 +677,106 @@ def skip_reason(env: Env, key: str) -> Optional[str]:
     return None
 
 
-def row_limit(env: Env, key: str, rest: str) -> float:
+def row_limit(env, key: str, rest: str) -> float:
     """Row ``key``'s time limit: its share of the time left, in proportion to its estimate among the rows
-    still to run (``key``, then ``rest``). A row slower than estimated takes no time from the rows after
-    it, and the time a row leaves unused goes to them."""
-    weights = {k: estimate(env, k) for k in key + rest if not skip_reason(env, k)}
+    still to run (``key``, then ``rest``): a row slower than estimated takes no time from the rows after it,
+    and the time a row leaves unused goes to them."""
+    weights = {k: ESTIMATE_S[k][env.small] for k in key + rest if not skip_reason(env, k)}
     return env.left() * weights[key] / sum(weights.values())
 
 
-def run_row(env: Env, table: Table, key: str, rest: str) -> None:
-    """Row ``key`` in a process of its own, within its share of the time left (``rest``: the rows after
-    it); whatever happens to it, the table goes on."""
-    title = ROWS[key][0]
-    why = skip_reason(env, key)
-    if why:
-        table.line(key, Line(title, "skipped", why), 0)
-        return
-    limit = row_limit(env, key, rest)
-    if limit < MIN_ROW_S:
-        table.line(key, Line(title, "skipped", f"needs ~{estimate(env, key):.0f} s; its share of the "
-                             f"{env.left():.0f} s left of {env.limit:.0f} s is {limit:.0f} s"), 0)
-        return
+def alarm(*_) -> None:
+    raise TimeUp()
+
+
+def child(a, title: str, fn, until: float, limit: float, points: list, conn, output: str) -> None:
+    """A row's process: its own session (ending it ends what it started), its output to the file ``output``,
+    its lines and what it reached sent as they come; stopped at ``until`` with a line saying what it
+    reached. Ends without tearing the device's context down (a sticky CUDA error can make that hang)."""
+    os.setsid()
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    # fp32 on the device as fp32 (cuDNN's default lets convolutions round inputs to TF32); bf16 is unchanged
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    env = Env(a, until, limit, conn, points)
+    signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(max(1, math.ceil(env.left())))
     try:
-        in_process(env, table, key, limit)
-    except Exception as e:          # noqa: BLE001 - the check's own failure around one row: reported
-        table.line(key, Line(title, "error", f"running the row's process: {_error_text(e)}"), 0)
+        for line in fn(env):
+            env.reached = ""
+            env.send("line", tuple(line))
+    except TimeUp:
+        env.send("line", (title, "stopped", f"at its limit ({limit:.0f} s) inside the row; reached: "
+                          f"{env.reached or 'nothing measured since its last line'}"))
+    except Exception as e:      # noqa: BLE001 - one row's failure is reported in its line
+        env.send("line", (title, "error", error_text(e) + (f"; reached: {env.reached}" if env.reached else "")))
+    finally:
+        signal.alarm(0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
-def child_command(env: Env, key: str, until: float, limit: float) -> list[str]:
-    a = env.args
-    cmd = [sys.executable, str(CHILD_SCRIPT), "--device", a.device, "--limit", str(a.limit), "--child", key,
-           "--run-dir", str(env.run_dir), "--until", repr(until), "--row-limit", f"{limit:.1f}"]
-    for flag, on in (("--small", a.small), ("--calibrate", a.calibrate), ("--full-untiled", a.full_untiled)):
-        cmd += [flag] if on else []
-    for flag, value in (("--comfyui", a.comfyui), ("--families", a.families)):
-        cmd += [flag, value] if value else []
-    return cmd
-
-
-def in_process(env: Env, table: Table, key: str, limit: float) -> None:
-    """Row ``key`` run by a process of its own (``--child``, its own session, so that ending it ends what
-    it started): its lines written as they come; where the process dies, a line with what it had
-    reached and why it ended; where it overruns its limit by ``GRACE_S``, it is killed."""
-    title = ROWS[key][0]
-    until = time.time() + limit
-    errors = env.run_dir / f"row_{key}.stderr"
-    with errors.open("w") as err:
-        proc = subprocess.Popen(child_command(env, key, until, limit), stdout=subprocess.PIPE, stderr=err,
-                                text=True, cwd=str(ROOT), start_new_session=True)
-    messages: queue.Queue = queue.Queue()
-    threading.Thread(target=_read_messages, args=(proc.stdout, messages), daemon=True).start()
+def run_row(env: Env, table: Table, key: str, rest: str, plans: dict, points: list, run_dir: str) -> None:
+    """Row ``key`` in a process of its own within its share of the time left (``rest``: the rows after it):
+    its lines written as they come (each with the seconds since the last), the plans it asks for sent; where
+    its process dies, a line with what it had reached and why it ended; where it overruns its limit by
+    ``GRACE_S``, it is killed with what it started."""
+    title, fn = ROWS[key]
+    why = skip_reason(env, key)
+    limit = 0 if why else row_limit(env, key, rest)
+    if why or limit < MIN_ROW_S:
+        return table.line(key, Line(title, "skipped", why or f"needs ~{ESTIMATE_S[key][env.small]} s; its share of the "
+                                    f"{env.left():.0f} s left of {env.limit:.0f} s is {limit:.0f} s"), 0)
+    until, output, ctx = time.time() + limit, f"{run_dir}/row_{key}.out", multiprocessing.get_context("spawn")
+    conn, theirs = ctx.Pipe()
+    proc = ctx.Process(target=child, args=(env.a, title, fn, until, limit, points, theirs, output))
+    proc.start()
+    theirs.close()
     reached, killed, t0 = "", False, time.perf_counter()
     try:
-        while True:
-            try:
-                message = messages.get(timeout=max(0.1, until + GRACE_S - time.time()))
-            except queue.Empty:
-                killed = True
-                break
-            if message is None:           # its stdout closed: the process has ended
-                break
-            if "line" in message:
-                table.line(key, Line(*message["line"]), message["s"])
+        while not (killed := not conn.poll(max(0.1, until + GRACE_S - time.time()))):
+            kind, message = conn.recv()
+            if kind == "line":
+                table.line(key, Line(*message), time.perf_counter() - t0)
                 reached, t0 = "", time.perf_counter()
+            elif kind == "plan":
+                try:
+                    answer = ("ok", plans[message].result(timeout=max(0.0, until - time.time())))
+                except Exception as e:     # noqa: BLE001 - the row reports it
+                    answer = ("error", error_text(e) if str(e) else f"not planned in the row's time ({type(e).__name__})")
+                with contextlib.suppress(OSError):
+                    conn.send(answer)
+            elif kind == "point":
+                points.append(message)
             else:
-                reached = message.get("reached", reached)
+                reached = message
+    except EOFError:            # its end of the pipe closed: the process has ended
+        pass
     finally:
-        code = _end(proc)
-    reached = reached or "nothing measured since its last line"
+        for end in (proc.kill, lambda: os.killpg(proc.pid, signal.SIGKILL)):
+            with contextlib.suppress(OSError):
+                end()
+        proc.join(30)
+    reached, code = reached or "nothing measured since its last line", proc.exitcode
     if killed:
         table.line(key, Line(title, "stopped", f"its process did not stop at its limit ({limit:.0f} s) and was "
                              f"killed {GRACE_S} s after it; reached: {reached}"), time.perf_counter() - t0)
     elif code:
-        last = _last_line(errors)
-        table.line(key, Line(title, "error", f"its process ended with {_exit_text(code)}; last error line: {last}; "
-                             f"reached: {reached}"), time.perf_counter() - t0)
-        sys.stderr.write(f"row {key}'s process, the end of its stderr:\n{_tail(errors)}\n")
+        lines = [t.strip() for t in Path(output).read_text(errors="replace").splitlines() if t.strip()]
+        table.line(key, Line(title, "error", f"its process ended with "
+                             f"{f'signal {signal.Signals(-code).name}' if code < 0 else f'exit code {code}'}; last "
+                             f"error line: {lines[-1][:300] if lines else '(none)'}; reached: {reached}"),
+                   time.perf_counter() - t0)
+        sys.stderr.write(f"row {key}'s process, the end of its output:\n" + "\n".join(lines[-20:]) + "\n")
 
 
-def _read_messages(stream, messages: queue.Queue) -> None:
-    """A row's messages into ``messages`` (None at the end); anything else it prints goes to stderr."""
-    try:
-        for text in stream:
-            if text.startswith(TAG):
-                messages.put(json.loads(text[len(TAG):]))
-            else:
-                sys.stderr.write(text)
-    finally:
-        messages.put(None)
-
-
-def _end(proc: subprocess.Popen) -> int:
-    """The row's process and all it started (helpers, compile workers) ended; its exit status. Never
-    raises: a failed row's cleanup must not end the check."""
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)       # its own session: the group of what it started
-    try:
-        return proc.wait(timeout=30)
-    except Exception:         # noqa: BLE001 - reported as an unknown status
-        return -1
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"signal {signal.Signals(-code).name}"
-    return f"exit code {code}"
-
-
-def _tail(path: Path, n: int = 20) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    return ""
-
-
-def _last_line(path: Path) -> str:
-    lines = [t.strip() for t in _tail(path, 200).splitlines() if t.strip()]
-    return lines[-1][:300] if lines else "(none)"
-
-
-def run_in_this_process(env: Env, key: str) -> int:
-    """A row's process: the row's lines, and what it reached, sent to the parent as they come; stopped
-    at its deadline (``--until``) with a line saying what it reached."""
-    title, fn = ROWS[key]
-    env.helpers = Results(env.run_dir)
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(max(1, math.ceil(env.left())))
-    t0 = time.perf_counter()
-
-    def out(line: Line) -> None:
-        nonlocal t0
-        send(line=dataclasses.astuple(line), s=time.perf_counter() - t0)
-        env.reached, t0 = "", time.perf_counter()
-    try:
-        for line in fn(env):
-            out(line)
-    except TimeUp:
-        out(Line(title, "stopped", f"at its limit ({env.limit:.0f} s) inside the row; reached: "
-                 f"{env.reached or 'nothing measured since its last line'}"))
-    except BaseException as e:      # noqa: BLE001 - one row's failure is reported in its line
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        out(Line(title, "error", _error_text(e) + (f"; reached: {env.reached}" if env.reached else "")))
-    finally:
-        signal.alarm(0)
-    return 0
-
-
-def child_main(env: Env, key: str) -> NoReturn:
-    """Ends without tearing the device's context down (a sticky CUDA error can make that hang or crash):
-    the row's lines are sent, and the driver frees what the process held."""
-    code = 1
-    try:
-        code = run_in_this_process(env, key)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def header_device(env: Env) -> str:
+def device_text(env: Env) -> str:
     if env.cuda:
         p = torch.cuda.get_device_properties(env.device)
         return f"{p.name}, {p.total_memory / GIB:.0f} GiB, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
-
-
-def header(env: Env, argv: list[str]) -> str:
-    dev = header_device(env)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    cmd = "python3 bench/gpu_check.py " + " ".join(argv)
-    return (f"**VAEKit GPU check** - {dev}; torch {torch.__version__}; {when}; "
-            f"`{cmd.strip()}`{' (small sizes)' if env.small else ''}\n")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -1247,44 +788,31 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--rows", default=None, help=f"rows to run, in this order (default {ORDER})")
     p.add_argument("--calibrate", action="store_true", help="only the calibration points (more of them) and the fit")
     p.add_argument("--comfyui", help="a ComfyUI folder: row g runs core beside ours")
-    p.add_argument("--limit", type=float, default=LIMIT_S, help="seconds for the whole run (the time guard)")
+    p.add_argument("--limit", type=float, default=480, help="seconds for the whole run (the time guard)")
     p.add_argument("--full-untiled", action="store_true", help="row c also decodes the whole clip in one pass")
-    p.add_argument("--workers", type=int, default=None, help="helper processes (default: the cores but 2, <= 6)")
     p.add_argument("--families", help="row a: only these families (comma-separated)")
-    # a row's process (started by the check itself)
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--run-dir", help=argparse.SUPPRESS)
-    p.add_argument("--until", type=float, help=argparse.SUPPRESS)
-    p.add_argument("--row-limit", type=float, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    unknown = set(a.rows or "") - set(ROWS)
-    if unknown:
-        p.error(f"unknown rows {''.join(sorted(unknown))}: the rows are {''.join(ROWS)}")
-    if a.families and set(a.families.split(",")) - set(configs.TEST):
-        p.error(f"unknown families in {a.families!r}: {', '.join(configs.TEST)}")
-    if a.child:
-        child_main(Env(a), a.child)
-    env = Env(a)
-    # by default on the CPU, two gloo ranks (row n) only when asked for: a minute of a small machine
+    if set(a.rows or "") - set(ROWS) or a.families and set(a.families.split(",")) - set(configs.TEST):
+        p.error(f"the rows are {''.join(ROWS)}; the families {', '.join(configs.TEST)}")
+    env, t0 = Env(a, time.time() + a.limit, a.limit), time.perf_counter()
+    # on the CPU, row n (two gloo ranks: a minute of a small machine) runs only when named
     rows = a.rows or ("k" if a.calibrate else ORDER if env.cuda else ORDER.replace("n", ""))
     table = Table(a.out)
-    table.write(header(env, argv))
+    table.write(f"**VAEKit GPU check** - {device_text(env)}; torch {torch.__version__}; "
+                f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; `python3 bench/gpu_check.py "
+                f"{' '.join(argv)}`{' (small sizes)' if env.small else ''}\n")
+    plans, points = start_plans(env, rows), []
+    table.write(Table.HEAD)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as run_dir:
-        env.run_dir = Path(run_dir)
-        env.helpers = Helpers(a.workers or max(1, min(6, (os.cpu_count() or 2) - 2)), env.run_dir)
-        try:
-            submit_jobs(env, rows)
-            table.write(Table.HEAD)
-            for i, key in enumerate(rows):
-                if env.left() < MIN_ROW_S:
-                    for rest in rows[i:]:
-                        table.line(rest, Line(ROWS[rest][0], "skipped", "the time limit was reached"), 0)
-                    break
-                run_row(env, table, key, rows[i + 1:])
-        finally:
-            env.helpers.close()
-    table.write(f"\n{time.perf_counter() - env.start:.0f} s in all (limit {env.limit:.0f} s).")
+        for i, key in enumerate(rows):
+            if env.left() < MIN_ROW_S:
+                for rest in rows[i:]:
+                    table.line(rest, Line(ROWS[rest][0], "skipped", "the time limit was reached"), 0)
+                break
+            run_row(env, table, key, rows[i + 1:], plans, points, run_dir)
+    table.write(f"\n{time.perf_counter() - t0:.0f} s in all (limit {a.limit:.0f} s).")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

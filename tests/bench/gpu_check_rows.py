@@ -1,6 +1,6 @@
 """bench/gpu_check.py with rows that fail as a device can make them fail, for tests/bench/test_gpu_check.py.
 Run in place of the check (``python3 tests/bench/gpu_check_rows.py --device cpu --small --rows yhz``); the
-rows' processes run this file too. Rows: y dies (abort, after a device error's last line), h ignores
+rows' processes import this file. Rows: y dies (abort, after a device error's last line), h ignores
 its time limit, z overruns it. With SLOW_PROGRESS=1 in the environment, every progress report of the
 real rows waits 10 minutes (rows b, c and d then stop at their limits inside their long calls)."""
 from __future__ import annotations
@@ -49,16 +49,17 @@ def _slow(real):
     return progress
 
 
+if os.environ.get("SLOW_PROGRESS"):        # here: the rows' processes import this file, not run it
+    gpu_check.progress = _slow(gpu_check.progress)
+
+
 def install() -> None:
-    gpu_check.CHILD_SCRIPT = Path(__file__).resolve()
-    gpu_check.GRACE_S = 2
+    gpu_check.GRACE_S = 5
     for key, title, fn in (("y", "a row whose process dies", dies),
                            ("h", "a row that ignores its limit", ignores_its_limit),
                            ("z", "a row that overruns", overruns)):
         gpu_check.ROWS[key] = (title, fn)
         gpu_check.ESTIMATE_S[key] = (10, 10)
-    if os.environ.get("SLOW_PROGRESS"):
-        gpu_check.progress = _slow(gpu_check.progress)
 
 
 if __name__ == "__main__":
