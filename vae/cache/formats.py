@@ -117,6 +117,13 @@ class Format:
         return self.name
 
 
+def require_latents(vae, trainer: str, family: str, channels: int, option: str, what: str) -> None:
+    """Refuse a VAE whose latent space is not the one ``trainer`` trains on (named by ``option``)."""
+    if vae.spec.id != family or vae.caps.latent_channels_packed != channels:
+        raise InputError(f"{trainer} trains on latents of the {family} VAE with {channels} channels; this VAE is "
+                         f"{vae.name}.", input=option, fix=f"load that model's VAE, or name the {what} this VAE belongs to.")
+
+
 def channel_stats(stats: tuple, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Per-channel (mean, std) shaped to broadcast over ``z`` [C, ...]."""
     return tuple(torch.tensor(v).view(-1, *([1] * (z.dim() - 1))) for v in stats)
@@ -169,10 +176,7 @@ class Musubi(Format):
 
     def check(self, vae) -> None:
         a = self.arch
-        if vae.spec.id != a.family or vae.caps.latent_channels_packed != a.channels:
-            raise InputError(f"musubi-tuner's '{a.short}' ({a.full}) trains on latents of the {a.family} VAE with "
-                             f"{a.channels} channels; this VAE is {vae.name}.", input="--arch",
-                             fix="load that model's VAE, or name the architecture this VAE belongs to.")
+        require_latents(vae, f"musubi-tuner's '{a.short}' ({a.full})", a.family, a.channels, "--arch", "architecture")
 
     def path(self, item: Item) -> Path:
         w, h = item.size

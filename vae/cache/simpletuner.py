@@ -55,7 +55,7 @@ import torch
 
 from ..errors import InputError
 from .clips import Bucket, Crop
-from .formats import WAN21_MEAN, WAN21_STD, Format, Item, _unbatched, channel_stats
+from .formats import WAN21_MEAN, WAN21_STD, Format, Item, _unbatched, channel_stats, require_latents
 
 
 @dataclass(frozen=True)
@@ -211,10 +211,7 @@ class SimpleTuner(Format):
 
     def check(self, vae) -> None:
         f = self.family
-        if vae.spec.id != f.spec or vae.caps.latent_channels_packed != f.channels:
-            raise InputError(f"SimpleTuner's {f.name} trains on latents of the {f.spec} VAE with {f.channels} channels; "
-                             f"this VAE is {vae.name}.", input="--model-family",
-                             fix="load that model's VAE, or name the model family this VAE belongs to.")
+        require_latents(vae, f"SimpleTuner's {f.name}", f.spec, f.channels, "--model-family", "model family")
 
     def place(self, size: tuple[int, int], ratio: int) -> Placement:
         """The bucket and crop of a source of ``size`` (W, H); raises ValueError with the reason."""
