@@ -244,8 +244,8 @@ def write_weights(family: str, path: Path) -> None:
     import vae
     torch.manual_seed(0)
     if family in ("wan", "wan2.2", "ltx"):            # the drop-in check's files
-        from compare_comfyui import FAMILIES as DROP_IN, comfy_weights
-        sd = comfy_weights(family, *DROP_IN[family][:2])
+        from core_dropin import SOURCES, comfy_weights
+        sd = comfy_weights(family, *SOURCES[family])
     elif family == "hunyuan_video15":
         from test_hunyuan_video15 import original_layout, reference
         sd = original_layout(reference().state_dict(), comfyui=True)

@@ -13,30 +13,29 @@ from pathlib import Path
 
 import torch
 
-from harness import comfy_core
-from harness.comfy_core import CLIP_CLAMPED, FRAMES, IMAGE_CLAMPED, SOCKET, Case, Family
+from harness import comfy_core, module_at, repo_on_path
+from core_dropin import DROP_IN
+from harness.comfy_core import CLIP_CLAMPED, FRAMES, IMAGE_CLAMPED, SOCKET, Case, Family, core_vae
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 0
 
 
-def _repo() -> None:
-    for path in (str(ROOT), str(ROOT / "tests")):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-
-
-def diffusers_jittered(cls, seed: int = SEED, **config):
-    """diffusers' model ``cls`` at ``config`` (default: its defaults, the published one), random weights
-    seeded with ``seed``, every norm's parameters jittered (seed + 1) so that no affine is the identity."""
-    torch.manual_seed(seed)
-    model = cls(**config).eval()
-    g = torch.Generator().manual_seed(seed + 1)
+def jittered(model, seed: int):
+    """``model`` with every norm's parameters jittered (a generator seeded ``seed``): no affine is the identity."""
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn(p.shape, generator=g))
     return model
+
+
+def diffusers_jittered(cls, seed: int = SEED, **config):
+    """diffusers' model ``cls`` at ``config`` (default: its defaults, the published one), random weights
+    seeded with ``seed``, norms jittered (seed + 1)."""
+    torch.manual_seed(seed)
+    return jittered(cls(**config).eval(), seed + 1)
 
 
 def drawn(shapes: dict, seed: int = SEED) -> dict:
@@ -54,16 +53,9 @@ def drawn(shapes: dict, seed: int = SEED) -> dict:
 
 def pack_load(run, path: Path, dtype=torch.float32):
     """Ours as ComfyUI imports the pack (its socket wraps this handle)."""
-    _repo()
+    repo_on_path()
     from vae.cli.pack import load_pack
     return load_pack().vae.load(path, dtype=dtype)
-
-
-def core_vae(w, meta=None):
-    """Core's VAE of the worker's file as its Load VAE builds it, refusing a file core cannot detect."""
-    v = comfy_core.vae(w.a.comfyui, dict(w.sd), metadata=meta)
-    v.throw_exception_if_invalid()
-    return v
 
 
 def exact_row(run, k: str, c: Case, tile: int) -> None:
@@ -151,7 +143,7 @@ def cosmos_weights(**config) -> tuple[dict, object]:
     layout (core's file: ``.conv3d`` / ``.norm`` wrappers, the wavelet constants, the latent statistics as
     ``latent_mean`` / ``latent_std``), and the diffusers model."""
     import diffusers
-    _repo()
+    repo_on_path()
     from vae.archs import cosmos_layout
     ref = diffusers_jittered(diffusers.AutoencoderKLCosmos, **config)
     weights = cosmos_layout.to_original(cosmos_layout.to_canonical(ref.state_dict()))
@@ -223,15 +215,10 @@ SEEDVR2_TILES = dict(tile=512, overlap=128, temporal=64, temporal_overlap=8)   #
 def seedvr2_weights(seed: int = SEED, **config) -> dict:
     """Random weights at ``config`` (default: the published one, which core hard-codes), GroupNorm affines
     jittered, in core's layout (the original's names)."""
-    _repo()
+    repo_on_path()
     from vae.archs import seedvr2, seedvr2_layout
     torch.manual_seed(seed)
-    model = seedvr2.SeedVR2VAE(seedvr2.SeedVR2Config(**{**SEEDVR2, **config})).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    model = jittered(seedvr2.SeedVR2VAE(seedvr2.SeedVR2Config(**{**SEEDVR2, **config})).eval(), seed + 1)
     return {k: v.contiguous() for k, v in seedvr2_layout.to_original(model.state_dict()).items()}
 
 
@@ -336,7 +323,7 @@ def svd_model(seed: int = SEED, **config):
 
 def svd_original_layout(diffusers_sd: dict) -> dict:
     """The same weights in the original's (= core's) names, without diffusers' quant conv."""
-    _repo()
+    repo_on_path()
     from vae.archs import svd_layout
     return {k: v.contiguous() for k, v in svd_layout.to_canonical(diffusers_sd).items() if not k.startswith("quant_conv.")}
 
@@ -474,7 +461,7 @@ def stage_a_weights(widths=(192, 384), bottleneck_blocks: int = 12, codebook_siz
     """Random weights (randn / sqrt(fan-in), the six learned scalars of each block and the latent
     BatchNorm's statistics off their defaults, the head scaled so that most pixels stay inside 0..1) at the
     published config by default, in the original's / ComfyUI's layout."""
-    _repo()
+    repo_on_path()
     from vae.archs import stage_a
     cfg = stage_a.StageAConfig(widths=widths, hidden=4, bottleneck_blocks=bottleneck_blocks, latent_channels=4,
                                codebook_size=codebook_size, patch=2, image_channels=3, has_encoder=True, has_decoder=True)
@@ -586,7 +573,7 @@ TAEHV_ORIGINAL = {"taehv": "taehv", "taew2_1": "lighttaew2_1", "taehv1_5": "ligh
 def taehv_weights(name: str, **widths) -> dict:
     """Random weights (randn / sqrt(fan-in); the decoder's head x 0.4 and centred in the pixel range, so
     frames are mostly not clamped) at the published config of ``name``, rounded to fp16."""
-    _repo()
+    repo_on_path()
     from vae.archs import taehv
     latent, patch, enc_t, dec_t, _, _ = TAEHV[name]
     cfg = taehv.TAEHVConfig(latent, patch=patch, encoder_time=enc_t, decoder_time=dec_t,
@@ -682,13 +669,9 @@ def _taehv_rows(run) -> None:
 
 def _taehv_original(run) -> None:
     """The original's own loader on the same weights (as NAME.pth), under its own file names."""
-    import importlib.util
-
     import vae
     from safetensors.torch import load_file
-    spec = importlib.util.spec_from_file_location("_taehv_reference", run.a.reference)
-    ref = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ref)
+    ref = module_at(run.a.reference, "_taehv_reference")
     for orig, ours_name in TAEHV_ORIGINAL.items():
         sd = {k: v.float() for k, v in load_file(str(run.d / f"{ours_name}.safetensors")).items()}
         torch.save(sd, run.d / f"{orig}.pth")
@@ -824,10 +807,7 @@ def _hy_references(handle, variant: str) -> dict:
         path = os.environ.get(env)
         if not path or not os.path.isfile(path) or importlib.util.find_spec("einops") is None:
             return None
-        spec = importlib.util.spec_from_file_location(f"_{env.lower()}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
+        return module_at(path, f"_{env.lower()}")
 
     cfg, sd, r = handle.config, hunyuan_image_layout.to_original(handle.state_dict()), handle.caps.spatial_ratio
     pix = lambda y: ((y.clamp(-1, 1) + 1) / 2).movedim(1, -1)
@@ -870,7 +850,7 @@ def _hy_case(run, k: str, c: Case) -> None:
 
 def _hy_dry():
     import diffusers
-    _repo()
+    repo_on_path()
     import vae
     from vae.archs import hunyuan_image_layout
     m = diffusers_jittered(diffusers.AutoencoderKLHunyuanImage, in_channels=3, out_channels=3, latent_channels=64,
@@ -947,7 +927,7 @@ def _mage_case(run, k: str, c: Case) -> None:
 
 
 def _mage_dry():
-    _repo()
+    repo_on_path()
     import mage_tiny
     return _dry({MAGE_FILE: mage_tiny.file_layout(mage_tiny.canonical(), anchor=True)},
                 decode=("decode", (1, 16, 2, 2)), encode=("encode", (1, 32, 32, 3)))
@@ -997,7 +977,7 @@ LTXD_NA = (((1, 3, 7, 9, 4, 64), (3, 7, 7)), ((1, 17, 24, 20, 4, 64), (11, 11, 1
 
 def ltx_diffusion_weights(encoder: dict = LTXD_ENCODER, decoder: dict = None) -> tuple[dict, dict]:
     """The shipped file (its layout, its ``config`` metadata) of random weights at the published config."""
-    _repo()
+    repo_on_path()
     import vae
     from ltx_diffusion_common import reference
     from vae.archs.ltx_diffusion_layout import to_original
@@ -1032,7 +1012,7 @@ def _ltxd_rows(run) -> None:
 
 
 def _ltxd_dry():
-    _repo()
+    repo_on_path()
     from ltx_diffusion_common import DECODER, ENCODER
     sd, _ = ltx_diffusion_weights(ENCODER, DECODER)
     return _dry({LTXD_FILE: sd}, decode=("decode", (1, 16, 2, 2, 2)), encode=("encode", (1, 3, 9, 64, 64)))
@@ -1080,7 +1060,7 @@ def minimax_weights(fields: dict, dtype=torch.float32) -> dict:
     """Canonical (ComfyUI-layout) weights of the config ``fields``: per tensor a generator seeded by
     its name; scales chosen so activations stay O(1) and decoded pixels mostly inside 0..1. Plus
     ``decoder.mask_token`` (zeros), as MiniMax's and ComfyUI's files have it."""
-    _repo()
+    repo_on_path()
     from vae.archs import minimax, minimax_layout
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in minimax.MiniMaxH3VAE(minimax.MiniMaxConfig(**fields)).state_dict().items()}
@@ -1108,10 +1088,7 @@ def minimax_weights(fields: dict, dtype=torch.float32) -> dict:
 def newer_tiled_decode(mm, path: str) -> None:
     """Put core 0.38.1's tiled decode (PR #16436: ``_decode_tile_row`` and ``tiled_decode``, a file the
     user gives, imported as a module) on 783545f6's MiniMax H3 class, the reference for our default."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("minimax_newer_tiled_decode", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_at(path, "minimax_newer_tiled_decode")
     mm.MiniMaxH3VideoVAE._decode_tile_row = module._decode_tile_row
     mm.MiniMaxH3VideoVAE.tiled_decode = module.tiled_decode
 
@@ -1254,4 +1231,4 @@ Differences:
 # the families by the name of --family
 FAMILIES = {"cogvideox": COGVIDEOX, "cosmos": COSMOS, "hunyuan_image": HUNYUAN_IMAGE_FAMILY,
             "ltx_diffusion": LTX_DIFFUSION, "mage": MAGE, "minimax": MINIMAX_FAMILY, "seedvr2": SEEDVR2_FAMILY,
-            "stage_a": STAGE_A, "svd": SVD_FAMILY, "taehv": TAEHV_FAMILY}
+            "stage_a": STAGE_A, "svd": SVD_FAMILY, "taehv": TAEHV_FAMILY, **DROP_IN}

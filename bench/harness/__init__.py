@@ -2,3 +2,23 @@
 runs a table can hold (runs.py), a worker's own measurement (measure.py), running workers and reading their
 figures back (workers.py), and ComfyUI core started inside a worker as the reference (comfy_core.py).
 Nothing here imports a runner."""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def repo_on_path() -> None:
+    """The repository and its tests importable (``vae``, the tests' reference builders)."""
+    for path in (str(ROOT), str(ROOT / "tests")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def module_at(path, name: str):
+    """The Python file ``path`` (a reference's copy, not an installed package) imported as ``name``."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -43,6 +43,12 @@ def vae(comfyui: str, sd: dict, **kw):
     return comfy.sd.VAE(sd=sd, **kw)
 
 
+def core_vae(w, meta=None):
+    """Core's VAE of a comparison worker's file as its Load VAE builds it, refusing a file core cannot detect."""
+    v = vae(w.a.comfyui, dict(w.sd), metadata=meta)
+    v.throw_exception_if_invalid()
+    return v
+
 
 # ---- one core comparison: a family's declaration (bench/comfyui_checks/core_families.py) run by
 # ---- bench/comfyui_checks/compare_core.py: weights here, core's side in a worker under ComfyUI's python

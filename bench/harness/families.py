@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+from harness import module_at, repo_on_path
+
 BENCH = Path(__file__).resolve().parents[1]
 ROOT = BENCH.parent
 SEED = 0
@@ -116,15 +118,9 @@ def _qwen21_call(model, op):
     return lambda x: model.encode((_rgba(x) * 2 - 1).unsqueeze(2)).latent_dist.mode().squeeze(2)
 
 
-def _tests_on_path() -> None:
-    for p in (ROOT / "tests", ROOT):
-        if str(p) not in sys.path:
-            sys.path.insert(0, str(p))
-
-
 def _flux2_writer(folder: Path) -> None:
     """The published FLUX.2 VAE with random BatchNorm statistics at a latent's scale (variances 0.25..4)."""
-    _tests_on_path()
+    repo_on_path()
     import diffusers_flux2
     _save(diffusers_flux2.model(**diffusers_flux2.PUBLISHED, var=(0.25, 4.0)).state_dict(),
           folder / "diffusers.safetensors")
@@ -132,7 +128,7 @@ def _flux2_writer(folder: Path) -> None:
 
 def _flux2_call(model, op):
     """The Flux.2 pipeline's own VAE steps around AutoencoderKLFlux2 (BatchNorm, 2x2 packing)."""
-    _tests_on_path()
+    repo_on_path()
     import diffusers_flux2
     pipe = diffusers_flux2.Pipeline()
     return (lambda t: pipe.decode(model, t)) if op == "decode" else (lambda t: pipe.encode(model, t))
@@ -187,14 +183,6 @@ def _taehv_writer(folder: Path) -> None:
     _save(taehv_random(taehv.TAEHV(taehv.TAEHVConfig(16))).state_dict(), folder / "lighttaew2_1.safetensors")
 
 
-def _taesd_reference(path: str):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_taesd_reference", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _qwen21_stats():
     import torch
     sys.path.insert(0, str(ROOT))
@@ -213,7 +201,7 @@ def _taeqi_writer(folder: Path) -> None:
     Needs the original: TAESD_REFERENCE names its taesd.py (madebyollin/taesd 401ce45e or later)."""
     import os
     import torch
-    ref = _taesd_reference(os.environ["TAESD_REFERENCE"])
+    ref = module_at(os.environ["TAESD_REFERENCE"], "_taesd_reference")
     g = torch.Generator().manual_seed(SEED)
     for name, net in (("encoder", ref.F16Encoder(64, 4)), ("decoder", ref.F16Decoder(64, 4))):
         with torch.no_grad():
@@ -226,7 +214,7 @@ def _taeqi_reference(a, folder: Path):
     """The original's TAESD on the same files: its network works in the normalised latent, RGBA in."""
     import os
     mean, std = _qwen21_stats()
-    tae = _taesd_reference(os.environ["TAESD_REFERENCE"]).TAESD(
+    tae = module_at(os.environ["TAESD_REFERENCE"], "_taesd_reference").TAESD(
         folder / "taeqi2_1_encoder.pth", folder / "taeqi2_1_decoder.pth").float().eval()
     if a.op == "decode":
         return tae, lambda z: tae.decoder((z - mean) / std).clamp_(0, 1)
@@ -244,7 +232,7 @@ def _mage_writer(folder: Path) -> None:
     """The published Mage-VAE, every tensor drawn as compare_core.py --family mage draws core's, in the file
     layout the templates load (with the two anchor tensors loaders drop)."""
     import torch
-    _tests_on_path()
+    repo_on_path()
     import mage_tiny
     from comfyui_checks.core_families import drawn
     from vae.archs import mage

@@ -31,7 +31,7 @@ def test_list_names_every_family():
     assert all(f"{name}: " in out.stdout for name in FAMILIES)
 
 
-@pytest.mark.parametrize("family", ["stage_a", "seedvr2", *(pytest.param(f, marks=pytest.mark.slow)
+@pytest.mark.parametrize("family", ["stage_a", "seedvr2", "wan", "hunyuan_video", *(pytest.param(f, marks=pytest.mark.slow)
                                                          for f in ("ltx_diffusion", "mage", "minimax"))])
 def test_dry_builds_ours_on_the_family_file(family):
     out = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--family", family], capture_output=True, text=True,
@@ -50,3 +50,10 @@ def test_check_fails_only_parity_rows_over_the_tolerance(capsys):
     assert comfy_core.failed(table.rows, 1e-4, relative_encode=True) == ["off"]
     assert comfy_core.failed(table.rows, 1e-4) == ["off", "encode, small relative"]
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_drop_in_scale_is_the_slope_of_ours_on_core():
+    from core_dropin import scale
+    core = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    assert scale(2 * core + 1, core) == pytest.approx(2.0)
+    assert scale(core, core[:1]) != scale(core, core[:1])         # NaN where the shapes differ

@@ -40,6 +40,7 @@ def _run(tmp_path, *args, timeout=900, script=SCRIPT, env=None) -> tuple[str, li
     return written, _rows(written)
 
 
+@pytest.mark.slow      # 30-60 s on 2 cores (tests/bench stays fast)
 def test_small_run_of_rows_a_to_g(tmp_path):
     """Rows a-g at --small (row a on one family; n, two CPU ranks, only in the slow test): every line
     that checks something passed, the lines needing CUDA say so, and the calibration fit was printed."""
@@ -80,6 +81,7 @@ def _by_row(rows: list[list[str]], key: str) -> list[list[str]]:
     return [r for r in rows if r[0] == key]
 
 
+@pytest.mark.slow      # 30-60 s on 2 cores (tests/bench stays fast)
 def test_a_row_that_dies_or_overruns_ends_alone(tmp_path):
     """Each row runs in a process of its own: one that dies (as a sticky device error can end it) gets a
     line with its exit and what it had reached; one that ignores its limit is killed; one stopped at its
@@ -99,6 +101,7 @@ def test_a_row_that_dies_or_overruns_ends_alone(tmp_path):
     assert _by_row(rows, "g")[0][2] == "skipped"                    # no --comfyui given, or no time left
 
 
+@pytest.mark.slow      # 30-60 s on 2 cores (tests/bench stays fast)
 def test_rows_b_and_c_stopped_in_their_calls_say_what_they_reached(tmp_path):
     """Every progress report waits 10 minutes: rows b and c reach their limits inside their exact calls,
     and their lines give the units of work done, the time and the memory so far."""

@@ -38,6 +38,7 @@ def test_run_without_a_kind_lists_the_kinds():
     assert out.returncode and "distributed" in out.stderr and "framewise" in out.stderr
 
 
+@pytest.mark.slow      # ~20 s on 2 cores: three runs, each in its own process
 def test_a_decode_table_runs_each_run_in_its_own_process():
     pytest.importorskip("diffusers")
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "decode", "--family", "kl", "--size",
