@@ -40,7 +40,6 @@ def _run(tmp_path, *args, timeout=900, script=SCRIPT, env=None) -> tuple[str, li
     return written, _rows(written)
 
 
-@pytest.mark.slow      # 30-60 s on 2 cores (tests/bench stays fast)
 def test_small_run_of_rows_a_to_g(tmp_path):
     """Rows a-g at --small (row a on one family; n, two CPU ranks, only in the slow test): every line
     that checks something passed, the lines needing CUDA say so, and the calibration fit was printed."""
