@@ -242,7 +242,8 @@ class SimpleTuner(Format):
         return f"SimpleTuner's {self.family.name} trains on images; this video is not written"
 
     def describe(self) -> str:
-        return f"simpletuner ({self.family.name})"
+        # also the manifest's setting: LTX files encoded from -1..1 pixels (before 0..1) are made again
+        return f"simpletuner ({self.family.name}{', pixels 0..1' if self.family.unit_pixels else ''})"
 
     def check(self, vae) -> None:
         f = self.family
