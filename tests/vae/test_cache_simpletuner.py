@@ -22,6 +22,7 @@ from helpers import diffusers_kl
 pytest.importorskip("av")
 
 from vae.cache import media  # noqa: E402
+from vae.cache.clips import ClipPlan  # noqa: E402
 from vae.cache.formats import WAN21_MEAN, WAN21_STD  # noqa: E402
 from vae.cache.runner import CacheOptions, run  # noqa: E402
 from vae.cache.simpletuner import SimpleTuner, pixel_edge  # noqa: E402
@@ -96,8 +97,8 @@ def _reference(family: str, tmp: Path):
     ref = type(tiny).from_config({**tiny.config, "latent_channels": 128}).eval()
     path = cache_data.ltx2_vae_file(tmp)
 
-    def mean(x):
-        z = ref.encode(x * 2 - 1).latent_dist.mean[0]
+    def mean(x):                # its LTX models hand the VAE the pixels in 0..1 (a bare ToTensor)
+        z = ref.encode(x).latent_dist.mean[0]
         return (z - ref.latents_mean.view(-1, 1, 1, 1)) / ref.latents_std.view(-1, 1, 1, 1)
     return path, mean
 
@@ -109,11 +110,12 @@ def test_files_are_named_and_hold_what_its_cache_stores(data, family):
     vae_path, reference = _reference(family, tmp)
     out = tmp / f"out_{family}"
     res, said = _run(out, vae_path, [folder], model_family=family)
-    assert res.written == 2 and res.failed == 1, said
-    assert any("a.mp4" in s and "images only" in s for s in said)
+    video = family in ("wan", "ltxvideo")          # its video models cache videos too (num_frames 1 here)
+    assert (res.written, res.failed) == ((3, 0) if video else (2, 1)), said
+    assert video or any("a.mp4" in s and "trains on images" in s for s in said)
     # {cache_dir}/{folders below instance_data_dir}/{sha256(stem)}.pt
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.pt")) == sorted(
-        [_sha("d"), f"sub/{_sha('e')}"])
+        [_sha("d"), f"sub/{_sha('e')}"] + ([_sha("a")] if video else []))
     z = torch.load(str(out / _sha("d")), map_location="cpu", weights_only=True)
     assert type(z) is torch.Tensor and z.dtype == dtype and tuple(z.shape) == shape
     fmt = SimpleTuner(family, resolution="64", crop_style="center")
@@ -124,6 +126,57 @@ def test_files_are_named_and_hold_what_its_cache_stores(data, family):
     # two steps of the stored dtype's rounding (bfloat16: 2 ** -8 relative), on the largest value
     tol = (8e-3 if dtype == torch.bfloat16 else 1e-4) * float(expected.abs().max()) + 1e-5
     assert (z.float() - expected).abs().max() <= tol
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("simpletuner_videos")
+    return tmp, cache_data.make_dataset(tmp / "data", videos=(("v.mp4", 11, (64, 48)), ("s.mp4", 5, (48, 64))),
+                                        images=())
+
+
+# the 64 x 48 video's 96 x 64 bucket: Wan's trim keeps it (12 x 8 latents of the tiny VAE's 8 px), LTX's trims it
+# to 64 x 64 (96 / 32 is odd); 9 frames are 3 latent frames at Wan's ratio 4, 2 at LTX's 8
+@pytest.mark.parametrize("family, latent", [("wan", (3, 8, 12)), ("ltxvideo", (2, 2, 2))])
+def test_a_video_is_its_first_num_frames_on_its_frame_rule(videos, family, latent):
+    # num_frames 12 -> 9 (adjust_video_frames: down to 1 + 8k, also for Wan whose VAE takes 1 + 4k); the
+    # 11-frame video is cut to its first 9, the 5-frame one is below min_frames (= num_frames) and dropped
+    tmp, folder = videos
+    shape, dtype, stored_from = FACTS[family]
+    vae_path, reference = _reference(family, tmp)
+    out = tmp / f"out_{family}"
+    res, said = _run(out, vae_path, [folder], model_family=family, frames=(12,), id="ds")
+    assert (res.written, res.failed) == (1, 1), said
+    assert any("s.mp4" in s and "min_frames" in s for s in said)
+    z = torch.load(str(out / _sha("v")), map_location="cpu", weights_only=True)
+    assert type(z) is torch.Tensor and z.dtype == dtype and tuple(z.shape) == (shape[0],) + latent
+    fmt = SimpleTuner(family, resolution="64", crop_style="center", frames=(12,))
+    place = fmt.place((64, 48), 1, 11)
+    assert place.clips == [ClipPlan(0, 9, tuple(range(9)))] and place.metadata["num_frames"] == 9
+    (_, x), = media.read_clips(folder / "v.mp4", place.clips, place.crop)
+    with torch.no_grad():
+        expected = stored_from(reference(x.unsqueeze(0)).float())
+    tol = (8e-3 if dtype == torch.bfloat16 else 1e-4) * float(expected.abs().max()) + 1e-5
+    assert (z.float() - expected).abs().max() <= tol
+    meta = json.loads((out / "aspect_ratio_bucket_metadata_ds.json").read_text())
+    assert meta[str(folder / "v.mp4")]["num_frames"] == 9
+
+
+@pytest.mark.parametrize("kw, word", [
+    ({"frames": (9, 17)}, "one clip per video"),
+    ({"fps": 8.0}, "does not resample"),
+    ({"extraction": "chunk"}, "first num_frames"),
+    ({"model_family": "flux"}, "trains on images"),
+])
+def test_video_options_it_has_no_rule_for_are_refused(videos, kw, word):
+    tmp, folder = videos
+    kw = {"model_family": "wan", "frames": (9,), **kw}
+    if kw["model_family"] == "flux":        # not an option error: its image models skip the videos
+        res, said = _run(tmp / "refused_flux", _kl_file(tmp, 16)[0], [folder / "v.mp4"], **kw)
+        assert res.failed == 1 and any(word in s for s in said)
+        return
+    with pytest.raises(InputError, match=word):
+        _run(tmp / "refused", cache_data.vae_file(tmp, "wan"), [folder / "v.mp4"], **kw)
 
 
 def test_metadata_files_hold_its_bucket_indices_and_sizes(data):

@@ -113,6 +113,10 @@ class Format:
         """The stored mean back in the family's LATENT space, float32, unbatched (--verify)."""
         raise NotImplementedError
 
+    def pixels(self, x: torch.Tensor) -> torch.Tensor:
+        """A clip in 0..1 as the VAE must get it to make this trainer's latents (its own input range)."""
+        return x
+
     def describe(self) -> str:
         return self.name
 

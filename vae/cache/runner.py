@@ -214,14 +214,15 @@ class Runner:
             return
         b = (w.dataset.video_buckets if video and w.dataset.video_buckets else w.dataset.buckets) or buckets
         fr = w.dataset.frames or frames
-        place = getattr(self.format, "place", None)       # a format with its trainer's own size rule
+        place = getattr(self.format, "place", None)       # a format with its trainer's own size and frame rule
+        own_clips = None
         if place is not None:
             try:
-                p = place(w.probe.size, self.multiple)
+                p = place(w.probe.size, self.multiple, w.probe.frames if video else None)
             except ValueError as e:
                 w.error = str(e)
                 return
-            w.bucket, w.crop, w.metadata = p.bucket, p.crop, p.metadata
+            w.bucket, w.crop, w.metadata, own_clips = p.bucket, p.crop, p.metadata, p.clips
         else:
             w.bucket = b.choose(w.probe.size, w.probe.frames if video else None)
         if w.bucket is None:
@@ -234,7 +235,9 @@ class Runner:
             w.error = f"bucket {w.bucket} is not a multiple of {self.multiple} px (the VAE's ratio)"
             return
         w.crop = w.crop or crop_for(w.probe.size, w.bucket)
-        if video:
+        if video and own_clips is not None:
+            plans, fps = own_clips, w.probe.fps
+        elif video:
             plans = plan_clips(w.probe.frames, fr, self.fit, w.probe.fps, w.bucket.frames)
             fps = fr.fps if fr.fps and w.probe.fps and fr.fps < (fr.source_fps or w.probe.fps) else \
                 (fr.source_fps or w.probe.fps)
@@ -351,7 +354,7 @@ class Runner:
                 c = next(c for c in w.todo if c.plan is clip)
                 t = time.perf_counter()
                 shape = self.shape(c, w.bucket)
-                x = x.unsqueeze(0) if self.vae.is_video else x[:, 0].unsqueeze(0)
+                x = self.format.pixels(x.unsqueeze(0) if self.vae.is_video else x[:, 0].unsqueeze(0))
                 try:
                     mean, logvar, plan_text, note = self.encode(x, shape, progress=check)
                     if not torch.isfinite(mean).all():

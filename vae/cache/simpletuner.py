@@ -29,7 +29,9 @@ Sizes (``resolution_type: pixel``, ``crop: false``; TrainingSample.resize, Multi
 with the ``trainingsample`` package's resize (OpenCV's INTER_LINEAR: bilinear, no antialiasing), which
 we do in float and round (within one level of its 8-bit result), then the bucket is cut at the
 ``crop_style``'s place (``cropping.py``: centre ``int((inter - target) / 2)``, or corner 0, 0).
-Images only. Decoding: SimpleTuner decodes with ``trainingsample`` (image_manipulation/load.py
+Videos (wan, ltxvideo, ltxvideo2): see ``SimpleTuner.clip``; every frame is sized and cut as an image of its
+size, and the first ``num_frames`` are encoded into [C, F', H', W']. Its LTX models feed their VAE pixels in
+0..1 (``pixels``). Decoding: SimpleTuner decodes with ``trainingsample`` (image_manipulation/load.py
 ``load_image``): PNG pixels equal Pillow's, alpha is dropped as Pillow's RGB conversion drops it, EXIF
 orientation is not applied (its ``exif_transpose`` meets an image without EXIF), as here; a JPEG's
 decoded pixels may differ from Pillow's by a few levels (another decoder). ``area`` / ``pixel_area`` are refused: their
@@ -54,7 +56,7 @@ from typing import Optional
 import torch
 
 from ..errors import InputError
-from .clips import Bucket, Crop
+from .clips import Bucket, ClipPlan, Crop
 from .formats import WAN21_MEAN, WAN21_STD, Format, Item, _unbatched, channel_stats, require_latents
 
 
@@ -72,6 +74,8 @@ class Family:
     wan_stats: bool = False            # (z - mean) / std with Wan 2.1's per-channel statistics
     dtype: Optional[torch.dtype] = None    # fixed by its code (else the VAE's dtype, bf16 by default)
     mode: bool = False                 # it stores the mode (else an unseeded sample)
+    frame_step: Optional[int] = None   # videos: its adjust_video_frames, frame counts down to 1 + step * k
+    unit_pixels: bool = False          # its VAE gets the pixels in 0..1, not -1..1 (no Normalize transform)
 
 
 FAMILIES = {f.name: f for f in (
@@ -80,9 +84,11 @@ FAMILIES = {f.name: f for f in (
     Family("flux", "kl", 16, 64, False, scale=0.3611, shift=0.1159),
     Family("qwen_image", "wan", 16, 32, False, wan_stats=True),
     # wan/model.py: 32 (64 for the 5B's 48-channel VAE, not written here)
-    Family("wan", "wan", 16, 32, True, trim=8, wan_stats=True, mode=True),
-    Family("ltxvideo", "ltx", 128, 64, True, trim=32, dtype=torch.float32),
-    Family("ltxvideo2", "ltx", 128, 64, True, trim=32, dtype=torch.float32),
+    Family("wan", "wan", 16, 32, True, trim=8, wan_stats=True, mode=True, frame_step=8),
+    # ltxvideo/model.py, ltxvideo2/model.py: no get_transforms of their own, so VideoTransformMixin's, a bare
+    # ToTensor (foundation_mixins.py), where wan/model.py get_transforms adds Normalize([0.5], [0.5])
+    Family("ltxvideo", "ltx", 128, 64, True, trim=32, dtype=torch.float32, frame_step=8, unit_pixels=True),
+    Family("ltxvideo2", "ltx", 128, 64, True, trim=32, dtype=torch.float32, frame_step=8, unit_pixels=True),
 )}
 CROP_STYLES = ("center", "corner")
 
@@ -157,17 +163,17 @@ class Placement:
     bucket: Bucket
     crop: Crop
     metadata: dict
+    clips: Optional[list[ClipPlan]] = None      # a video's clips (None: an image)
 
 
 class SimpleTuner(Format):
     name, suffix = "simpletuner", ".pt"
-    no_videos = ("SimpleTuner's video caches are not written here (images only): its frame selection and video "
-                 "resize are not reproduced")
 
     def __init__(self, family: Optional[str], dtype: Optional[torch.dtype] = None, resolution: Optional[str] = None,
                  resolution_type: str = "pixel", crop: bool = False, crop_style: Optional[str] = None,
                  alignment: Optional[int] = None, dataset_id: Optional[str] = None,
-                 instance_data_dir: Optional[str] = None):
+                 instance_data_dir: Optional[str] = None, frames: tuple[int, ...] = (1,),
+                 fps: Optional[float] = None, extraction: str = "head"):
         if not family or family not in FAMILIES:
             raise InputError(f"SimpleTuner's cache needs its model_family; {family!r} is not one written here.",
                              input="--model-family", fix=f"give one of {', '.join(FAMILIES)} (as in your "
@@ -205,16 +211,47 @@ class SimpleTuner(Format):
             raise InputError(f"--id {dataset_id!r} is not a dataset id (it names files in the cache folder).",
                              input="--id", fix="give the dataset's id from SimpleTuner's dataloader config.")
         self.instance_data_dir = instance_data_dir
+        self.num_frames = self._num_frames(tuple(frames), fps, extraction)
+
+    def _num_frames(self, frames: tuple[int, ...], fps: Optional[float], extraction: str) -> int:
+        """Its video ``num_frames`` after the model's adjust_video_frames (factory.py), or 1 (images only)."""
+        f = self.family
+        if not f.frame_step:
+            return 1
+        if len(frames) != 1:
+            raise InputError(f"--frames {','.join(map(str, frames))}: SimpleTuner caches one clip per video, its "
+                             "dataset's video num_frames.", input="--frames",
+                             fix="give the dataset's video num_frames as the one --frames value.")
+        if fps:
+            raise InputError(f"--fps {fps:g}: SimpleTuner reads every frame of a video as decoded, at its own rate; "
+                             "it does not resample.", input="--fps", fix="leave --fps out.")
+        if extraction != "head":
+            raise InputError(f"--extraction {extraction}: SimpleTuner caches a video's first num_frames frames.",
+                             input="--extraction", fix="leave --extraction at head.")
+        return self._fit(frames[0])
+
+    def _fit(self, count: int) -> int:
+        """adjust_video_frames (wan/, ltxvideo/, ltxvideo2/model.py): down to 1 + step * k, at least 1."""
+        step = self.family.frame_step
+        return max((count - 1) // step * step + 1, 1)
+
+    @property
+    def no_videos(self) -> Optional[str]:
+        if self.family.frame_step:
+            return None
+        return f"SimpleTuner's {self.family.name} trains on images; this video is not written"
 
     def describe(self) -> str:
-        return f"simpletuner ({self.family.name})"
+        # also the manifest's setting: LTX files encoded from -1..1 pixels (before 0..1) are made again
+        return f"simpletuner ({self.family.name}{', pixels 0..1' if self.family.unit_pixels else ''})"
 
     def check(self, vae) -> None:
         f = self.family
         require_latents(vae, f"SimpleTuner's {f.name}", f.spec, f.channels, "--model-family", "model family")
 
-    def place(self, size: tuple[int, int], ratio: int) -> Placement:
-        """The bucket and crop of a source of ``size`` (W, H); raises ValueError with the reason."""
+    def place(self, size: tuple[int, int], ratio: int, frames: Optional[int] = None) -> Placement:
+        """The bucket and crop of a source of ``size`` (W, H), and for a video of ``frames`` frames its one
+        clip; raises ValueError with the reason."""
         target, inter, ar = pixel_edge(size, self.resolution, self.alignment)
         if target == inter:
             left = top = 0
@@ -232,7 +269,25 @@ class SimpleTuner(Format):
             raise ValueError(f"its bucket {w}x{h} is not a multiple of the VAE's {ratio} px")
         meta = {"original_size": list(size), "crop_coordinates": [top, left], "target_size": list(target),
                 "intermediary_size": list(inter), "aspect_ratio": ar}
-        return Placement(Bucket(w, h), Crop(tuple(size), inter, left, top, (w, h), "bilinear"), meta)
+        clips = None
+        if frames is not None:
+            clips = [self.clip(frames)]
+            meta["num_frames"] = self._fit(frames)      # discovery.py: the video's own count, adjusted
+        return Placement(Bucket(w, h), Crop(tuple(size), inter, left, top, (w, h), "bilinear"), meta, clips)
+
+    def clip(self, frames: int) -> ClipPlan:
+        """The one clip of a video of ``frames`` frames: its first num_frames. SimpleTuner cuts a video to its
+        model's frame rule and drops it below min_frames (discovery.py, metadata/backends/base.py; min_frames
+        defaults to num_frames), then caches frames [:num_frames] (caching/vae.py prepare_video_latents)."""
+        n = self.num_frames
+        if self._fit(frames) < n:
+            raise ValueError(f"it has {frames} frames, fewer than num_frames {n}: SimpleTuner drops it (min_frames)")
+        return ClipPlan(0, n, tuple(range(n)))
+
+    def pixels(self, x: torch.Tensor) -> torch.Tensor:
+        """The clip (0..1) as our VAE must get it to see what SimpleTuner's VAE gets: ours maps 0..1 to -1..1,
+        its LTX models hand their VAE the 0..1 values themselves."""
+        return (x + 1) / 2 if self.family.unit_pixels else x
 
     def path(self, item: Item) -> Path:
         return cache_name(item.relative)
@@ -293,4 +348,5 @@ class SimpleTuner(Format):
 def from_options(opts, dtype: Optional[torch.dtype]) -> SimpleTuner:
     """The format of a run's options (CacheOptions: its SimpleTuner settings)."""
     return SimpleTuner(opts.model_family, dtype, opts.resolution, opts.resolution_type, opts.crop, opts.crop_style,
-                       opts.aspect_bucket_alignment, opts.id, opts.instance_data_dir)
+                       opts.aspect_bucket_alignment, opts.id, opts.instance_data_dir, opts.frames, opts.fps,
+                       opts.extraction)

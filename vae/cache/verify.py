@@ -33,7 +33,7 @@ def verify(r, works, n: int) -> list[str]:
         if vae.is_video and z.dim() == 4:
             z = z.unsqueeze(2)
         clip = next(x for p, x in _read(w, c.plan) if p is c.plan)
-        x = clip.unsqueeze(0) if vae.is_video else clip[:, 0].unsqueeze(0)
+        x = fmt.pixels(clip.unsqueeze(0) if vae.is_video else clip[:, 0].unsqueeze(0))
         parts = [f"verify {c.output}:"]
         if vae.caps.can_decode:
             y = vae.decode(z, mode="exact", tile=r.opts.tile or None)
