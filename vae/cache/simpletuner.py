@@ -280,6 +280,9 @@ class SimpleTuner(Format):
         model's frame rule and drops it below min_frames (discovery.py, metadata/backends/base.py; min_frames
         defaults to num_frames), then caches frames [:num_frames] (caching/vae.py prepare_video_latents)."""
         n = self.num_frames
+        if n == 1:          # --frames left at its default: SimpleTuner's own would be 5 s of the video
+            raise ValueError("a video needs the dataset's video num_frames: --frames was left at 1 (SimpleTuner's "
+                             "default is 5 s at the video's frame rate); pass --frames N, N its num_frames")
         if self._fit(frames) < n:
             raise ValueError(f"it has {frames} frames, fewer than num_frames {n}: SimpleTuner drops it (min_frames)")
         return ClipPlan(0, n, tuple(range(n)))
