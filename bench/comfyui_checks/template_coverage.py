@@ -276,18 +276,14 @@ def main() -> None:
             unmapped[name] += 1
 
     now, later = set(have), set(have) | set(assume)
-    print()
-    print("| family | kind | registry id | loads | templates | supported now | with --assume |")
+    print("\n| family | kind | registry id | loads | templates | supported now | with --assume |")
     print("|---|---|---|---:|---:|---|---|")
     for fam, k in sorted(fam_loads.items(), key=lambda x: (-x[1], x[0])):
         label, kind, spec = FAMILIES.get(fam, ("file name not in the table", "?", None))
-        yes_now = "yes" if spec in now else "no"
-        yes_later = "yes" if spec in later else "no"
-        print(f"| `{fam}` {label} | {kind} | {spec or '-'} | {k} | {len(fam_templates[fam])} | {yes_now} | "
-              f"{yes_later} |")
+        yes = ["yes" if spec in ids else "no" for ids in (now, later)]
+        print(f"| `{fam}` {label} | {kind} | {spec or '-'} | {k} | {len(fam_templates[fam])} | {yes[0]} | {yes[1]} |")
 
-    print()
-    print("| scope | loads covered, now | templates covered, now | loads, with --assume | templates, with --assume |")
+    print("\n| scope | loads covered, now | templates covered, now | loads, with --assume | templates, with --assume |")
     print("|---|---|---|---|---|")
     scopes = [("all VAE loads", {"image", "video", "audio", "3d", "identity"}), ("image + video VAEs", {"image", "video"})]
     for title, kinds in scopes:
@@ -297,8 +293,7 @@ def main() -> None:
     print("(a template is covered when every VAE it loads in that scope is supported; unmapped names count as "
           "unsupported in every scope)")
 
-    print()
-    print("unsupported file names (loads), with --assume:")
+    print("\nunsupported file names (loads), with --assume:")
     rows = Counter()
     for _, loader, name, fam in loads:
         if fam is None or FAMILIES[fam][2] not in later:
