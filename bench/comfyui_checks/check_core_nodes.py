@@ -96,52 +96,40 @@ def _cases(family: str, first: torch.Tensor, last: torch.Tensor):
     cond = [[torch.zeros(1, 1, 1), {}]]
     clip = torch.randn(4, 4, 6, 8, generator=torch.Generator().manual_seed(2))     # an SVD LATENT: 4 frames
 
-    def node(name, fn):
-        return fn if name in extras else None
+    x = extras
 
-    def concat(out):
-        return {"concat_latent_image": out[0][0][1]["concat_latent_image"]}
+    def pick(d, *keys):          # the named entries of a node's conditioning dict or LATENT
+        return {k: d[k] for k in keys}
+
+    def cond_of(out, *keys):     # the entries of a node's positive conditioning
+        return pick(out[0][0][1], *keys)
 
     table = {
         "wan": [
-            ("i2v", "WanImageToVideo", node("WanImageToVideo", lambda v: concat(
-                extras["WanImageToVideo"].execute(cond, cond, v, 64, 48, 9, 1, start_image=first).result))),
-            ("flf", "WanFirstLastFrameToVideo", node("WanFirstLastFrameToVideo", lambda v: concat(
-                extras["WanFirstLastFrameToVideo"].execute(cond, cond, v, 64, 48, 9, 1, start_image=first,
-                                                           end_image=last).result))),
-            ("qwen", "TextEncodeQwenImageEdit", node("TextEncodeQwenImageEdit", lambda v: {
-                "reference_latents": extras["TextEncodeQwenImageEdit"].execute(_Clip(), "", vae=v, image=first)
-                .result[0][0][1]["reference_latents"][0]})),
+            ("i2v", "WanImageToVideo", lambda v: cond_of(x["WanImageToVideo"].execute(
+                cond, cond, v, 64, 48, 9, 1, start_image=first).result, "concat_latent_image")),
+            ("flf", "WanFirstLastFrameToVideo", lambda v: cond_of(x["WanFirstLastFrameToVideo"].execute(
+                cond, cond, v, 64, 48, 9, 1, start_image=first, end_image=last).result, "concat_latent_image")),
+            ("qwen", "TextEncodeQwenImageEdit", lambda v: {"reference_latents": x["TextEncodeQwenImageEdit"].execute(
+                _Clip(), "", vae=v, image=first).result[0][0][1]["reference_latents"][0]}),
         ],
-        "wan2.2": [
-            ("i2v22", "Wan22ImageToVideoLatent", node("Wan22ImageToVideoLatent", lambda v: dict(zip(
-                ("samples", "noise_mask"), (lambda lat: (lat["samples"], lat["noise_mask"]))(
-                    extras["Wan22ImageToVideoLatent"].execute(v, 64, 64, 9, 1, start_image=first).result[0]))))),
-        ],
-        "ltx": [
-            ("ltxv_i2v", "LTXVImgToVideo", node("LTXVImgToVideo", lambda v: (lambda out: {
-                "samples": out[2]["samples"], "noise_mask": out[2]["noise_mask"]})(
-                extras["LTXVImgToVideo"].execute(cond, cond, first, v, 64, 64, 9, 1, 1.0).result))),
-        ],
-        "hunyuan_video15": [
-            ("hv15_i2v", "HunyuanVideo15ImageToVideo", node("HunyuanVideo15ImageToVideo", lambda v: (lambda out: {
-                "concat_latent_image": out[0][0][1]["concat_latent_image"],
-                "concat_mask": out[0][0][1]["concat_mask"]})(
-                extras["HunyuanVideo15ImageToVideo"].execute(cond, cond, v, 64, 48, 5, 1, start_image=first).result))),
-        ],
-        "svd": [
-            ("svd_i2v", "SVD_img2vid_Conditioning", node("SVD_img2vid_Conditioning", lambda v: (lambda out: {
-                "concat_latent_image": out[0][0][1]["concat_latent_image"], "latent": out[2]["samples"],
-                "decoded_clip": nodes.VAEDecode().decode(v, {"samples": clip})[0]})(
-                extras["SVD_img2vid_Conditioning"]().encode(_ClipVision(), first, v, 64, 48, 4, 127, 6, 0.0)))),
-        ],
-        "flux2": [
-            ("flux2_ref", "VAEEncode + ReferenceLatent", node("ReferenceLatent", lambda v: {
-                "reference_latents": extras["ReferenceLatent"].execute(
-                    cond, latent=nodes.VAEEncode().encode(v, first[:, :, :64])[0]).result[0][0][1]["reference_latents"][0]})),
-        ],
+        "wan2.2": [("i2v22", "Wan22ImageToVideoLatent", lambda v: pick(x["Wan22ImageToVideoLatent"].execute(
+            v, 64, 64, 9, 1, start_image=first).result[0], "samples", "noise_mask"))],
+        "ltx": [("ltxv_i2v", "LTXVImgToVideo", lambda v: pick(x["LTXVImgToVideo"].execute(
+            cond, cond, first, v, 64, 64, 9, 1, 1.0).result[2], "samples", "noise_mask"))],
+        "hunyuan_video15": [("hv15_i2v", "HunyuanVideo15ImageToVideo", lambda v: cond_of(
+            x["HunyuanVideo15ImageToVideo"].execute(cond, cond, v, 64, 48, 5, 1, start_image=first).result,
+            "concat_latent_image", "concat_mask"))],
+        "svd": [("svd_i2v", "SVD_img2vid_Conditioning", lambda v: (lambda out: {
+            "concat_latent_image": out[0][0][1]["concat_latent_image"], "latent": out[2]["samples"],
+            "decoded_clip": nodes.VAEDecode().decode(v, {"samples": clip})[0]})(
+            x["SVD_img2vid_Conditioning"]().encode(_ClipVision(), first, v, 64, 48, 4, 127, 6, 0.0)))],
+        "flux2": [("flux2_ref", "VAEEncode + ReferenceLatent", lambda v: {
+            "reference_latents": x["ReferenceLatent"].execute(cond, latent=nodes.VAEEncode().encode(
+                v, first[:, :, :64])[0]).result[0][0][1]["reference_latents"][0]})],
     }
-    return table[family]
+    # the core node is the shown name's last word; None when this core lacks it
+    return [(case, shown, fn if shown.split()[-1] in extras else None) for case, shown, fn in table[family]]
 
 
 def _hooks(vae, model, shapes: dict) -> dict:
