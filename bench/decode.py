@@ -35,7 +35,7 @@ sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 from harness.families import FAMILIES, shape, write_input, write_weights  # noqa: E402
 from harness.workers import measure_saved, results, run, worker_flags  # noqa: E402
 
-MIB = 2 ** 20
+MIB, GIB = 2 ** 20, 2 ** 30
 
 
 def worker(a) -> None:
@@ -176,9 +176,6 @@ def plans(a, family_name: str, folder: Path) -> None:
                 print(f"{family_name:<14} {size:<14} {gb:>5.2f} GB {a.dtype} on {a.device}: {p.describe()}", flush=True)
             except vae.VAEKitError as e:
                 print(f"{family_name:<14} {size:<14} {gb:>5.2f} GB: {e}", flush=True)
-
-
-GIB = 1 << 30
 
 
 def main(argv=None, op: str = "decode", predict: bool = False, face: bool = False) -> None:
