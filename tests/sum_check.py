@@ -52,7 +52,10 @@ def main() -> None:
         dist.all_reduce(whole)                # the whole-tensor sum, for comparison
         recorder.reduced.clear()
         got = comm.sum_(t)
-        start, end = t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()
+        # the storage's own range (a slice's data_ptr lies past its start: from there, nbytes would reach
+        # beyond the storage, where the piece buffer may well be allocated)
+        start = t.untyped_storage().data_ptr()
+        end = start + t.untyped_storage().nbytes()
         out[name] = {"same": got is t and torch.equal(t, whole), "bytes": t.numel() * t.element_size(),
                      "pieces": [r["bytes"] for r in recorder.reduced],
                      "inside": any(start <= r["ptr"] < end for r in recorder.reduced)}
