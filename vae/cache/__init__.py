@@ -1,7 +1,7 @@
 """The latent cache for trainers: a dataset of videos and images -> one latent file per item, encoded
 exactly (equal to one untiled pass) within a memory budget, in the layout a trainer reads (ours with the
-posterior's mean and log-variance, musubi-tuner's, LTX-2's trainer's,
-SimpleTuner's), kept true by a manifest.
+posterior's mean and log-variance, musubi-tuner's, LTX-2's trainer's, SimpleTuner's), kept true by a
+manifest.
 
     import vae.cache
     result = vae.cache("wan_2.1_vae.safetensors", ["clips/"], "cache/", format="musubi", arch="wan",
@@ -12,8 +12,8 @@ the package is the entry point, so importing its modules (``vae.cache.formats`` 
 call. ``vae`` itself does not import it (the public face sits below its front ends, tests/test_layout.py).
 
 Modules by role: ``datasets`` (what to cache), ``clips`` (buckets, crops, frames), ``media`` (reading,
-streaming), ``posterior`` (the encode), ``formats`` (the files written; SimpleTuner's in ``simpletuner``), ``manifest`` (what is current),
-``runner`` (a run), ``verify`` (--verify), ``worker`` (a process of a several-device run), ``options``.
+streaming), ``posterior`` (the encode), ``formats`` (the files written; SimpleTuner's in ``simpletuner``),
+``manifest`` (what is current), ``runner`` (a run), ``verify`` (--verify), ``worker`` (a process of a several-device run), ``options``.
 The command line: ``vaekit cache`` (vae/cli/cache.py); docs/cache.md."""
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ frame rate, ``target_fps`` and ``duration_seconds``.
 (plain tensors and numbers: its loader reads it with ``weights_only=True``); the normalised mean, as its
 encoder returns it.
 
-``simpletuner`` (SimpleTuner's VAE cache, images): its own module, ``simpletuner.py``, with its size rule.
+``simpletuner`` (SimpleTuner's VAE cache, images and videos): its own module, ``simpletuner.py``, with its
+size and frame rules.
 """
 from __future__ import annotations
 
