@@ -41,13 +41,13 @@ def _ours_options(v, a, shape) -> dict:
         return dict(tile_frames=r)
     if a.run == "overlap":
         return dict(tile_frames=2 * r, overlap_frames=r)
+    if a.run in ("budget", "posterior"):          # the parameter is a budget, not a tile
+        return dict(mode="exact", budget=int(float(a.param or a.budget) * GIB))
     tile, overlap = tile_of(a)
     if a.run == "fast":
         return dict(tile=tile, overlap=overlap)
     if a.run in ("exact", "compiled"):
         return dict(tile=tile, mode="exact", **(dict(tile_frames=r) if video and r else {}))
-    if a.run in ("budget", "posterior"):
-        return dict(mode="exact", budget=int(float(a.param or a.budget) * GIB))
     raise SystemExit(f"unknown run {a.run}")
 
 
