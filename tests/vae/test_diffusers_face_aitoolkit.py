@@ -27,6 +27,7 @@ import torch
 from safetensors import safe_open
 
 import vae
+from vae.errors import InputError
 from diffusers_face_common import TOL, pixels, save
 from helpers import diffusers_kl, jitter_gammas
 from ltx_common import ltx2_reference
@@ -141,7 +142,8 @@ def _ai_toolkit():
     try:
         names = ("toolkit.config_modules", "toolkit.stable_diffusion_model", "toolkit.models.wan21.wan21",
                  "toolkit.models.wan21.autoencoder_kl_wan", "extensions_built_in.diffusion_models.qwen_image.qwen_image",
-                 "extensions_built_in.diffusion_models.ltx2.ltx2", "toolkit.dataloader_mixins",
+                 "extensions_built_in.diffusion_models.ltx2.ltx2",
+                 "extensions_built_in.diffusion_models.wan22.wan22_5b_model", "toolkit.dataloader_mixins",
                  "toolkit.data_transfer_object.data_loader")
         modules = types.SimpleNamespace(**{n.rsplit(".", 1)[-1]: importlib.import_module(n) for n in names})
     except ImportError as e:
@@ -163,9 +165,12 @@ aitk = _ai_toolkit()
 
 # ---- the models: ai-toolkit's class, the VAE its load_model loads, how the face is given the same weights ----
 
-def _wan():
-    torch.manual_seed(0)     # ai-toolkit's own AutoencoderKLWan (diffusers' class with gradient checkpointing added)
-    return jitter_gammas(aitk.autoencoder_kl_wan.AutoencoderKLWan(base_dim=8, z_dim=16))
+def _wan(**config):
+    """ai-toolkit's own AutoencoderKLWan (diffusers' class with gradient checkpointing added)."""
+    def make():
+        torch.manual_seed(0)
+        return jitter_gammas(aitk.autoencoder_kl_wan.AutoencoderKLWan(base_dim=8, **config))
+    return make
 
 
 def _qwen():
@@ -199,8 +204,16 @@ def _give(model, v) -> None:
 # name -> (VAE maker, how the face loads its weights, ai-toolkit's model (a maker), pixels as the data loader
 # gives them: an image [C, H, W] or a clip [T, C, H, W], in [-1, 1])
 CASES = {
-    "wan21-clip": (_wan, "wan_2.1_vae.safetensors", lambda: _model(aitk.wan21.Wan21, "wan21"), (5, 3, 16, 24)),
-    "wan21-image": (_wan, "wan_2.1_vae.safetensors", lambda: _model(aitk.wan21.Wan21, "wan21"), (3, 16, 24)),
+    "wan21-clip": (_wan(z_dim=16), "wan_2.1_vae.safetensors", lambda: _model(aitk.wan21.Wan21, "wan21"), (5, 3, 16, 24)),
+    "wan21-image": (_wan(z_dim=16), "wan_2.1_vae.safetensors", lambda: _model(aitk.wan21.Wan21, "wan21"), (3, 16, 24)),
+    # not a multiple of 8: encode_images resizes it first (bilinear, its own F.interpolate)
+    "wan21-resized": (_wan(z_dim=16), "wan_2.1_vae.safetensors", lambda: _model(aitk.wan21.Wan21, "wan21"),
+                      (3, 19, 29)),
+    # Wan 2.2 5B: Wan21's encode_images with the 48-channel VAE's structure (patchified, residual), narrow
+    "wan22-5b": (_wan(decoder_base_dim=12, z_dim=12, is_residual=True, patch_size=2, in_channels=12, out_channels=12,
+                      scale_factor_spatial=16, latents_mean=[0.1 * i for i in range(12)],
+                      latents_std=[1 + 0.1 * i for i in range(12)]), "folder",
+                 lambda: _model(aitk.wan22_5b_model.Wan225bModel, "wan22_5b"), (5, 3, 32, 32)),
     "sdxl": (_kl(4, True, scaling_factor=0.13025), "folder",
              lambda: _model(aitk.stable_diffusion_model.StableDiffusion, "sdxl"), (3, 16, 24)),
     "flux1": (_kl(16, False, scaling_factor=0.3611, shift_factor=0.1159), "folder",
@@ -248,10 +261,43 @@ def test_encode_images_equals_the_vae_ai_toolkit_loads(case):
     name, ref, face, model, x = case
     want, got = _encode_images(model, ref, [x, -x]), _encode_images(model, face, [x, -x])
     assert want.shape[0] == 2 and torch.isfinite(want).all()
-    print(f"ai-toolkit {type(model).__name__}.encode_images ({name}): max abs {_close(got, want):.1e} "
-          f"(face vs {type(ref).__module__.split('.')[0]}'s {type(ref).__name__}; stand-ins: {aitk.stand_ins})")
+    owner = "ai-toolkit's" if type(ref).__module__.startswith("toolkit.") else "diffusers'"
+    print(f"ai-toolkit {type(model).__name__}.encode_images ({name}, latents {tuple(want.shape)}, max |latent| "
+          f"{float(want.abs().max()):.2f}): max abs {_close(got, want):.1e} (face vs {owner} {type(ref).__name__}; "
+          f"stand-ins: {aitk.stand_ins})")
     if name == "ltx2-low-vram":      # what encode_images set on the face it left as it found it
         assert face.tile_sample_min_num_frames == 64 and not face.use_framewise_encoding
+
+
+@pytest.mark.parametrize("name", ["wan21-clip", "wan22-5b", "flux1", "qwen-image"])
+def test_decode_latents_equals_the_vae_ai_toolkit_loads(name, tmp_path):
+    """``decode_latents`` (sample previews, and the diffusion feature extractor's target) of the latents
+    ``encode_images`` gave: un-normalised by the model's code, decoded by each VAE. Not SDXL: Stable
+    Diffusion's ``decode_latents`` adds ``config['shift_factor']``, None for SDXL, with either VAE."""
+    make, how, model, shape = CASES[name]
+    ref = make().eval().requires_grad_(False)
+    face = vae.diffusers.load(save(ref, how, tmp_path))
+    model = model()
+    latents = _encode_images(model, ref, [pixels(shape)])
+    images = []
+    for v in (ref, face):
+        _give(model, v)
+        with torch.no_grad():
+            images.append(model.decode_latents(latents))
+    print(f"ai-toolkit {type(model).__name__}.decode_latents ({name}, images {tuple(images[0].shape)}): "
+          f"max abs {_close(images[1], images[0]):.1e}")
+
+
+def test_decode_latents_with_gradients_is_refused_by_name(tmp_path):
+    """ai-toolkit's diffusion feature extractor loss (``toolkit/models/diffusion_feature_extraction.py``)
+    decodes the predicted latents with gradients: the face cannot serve it, and says so."""
+    make, how, model, shape = CASES["wan21-clip"]
+    face = vae.diffusers.load(save(make(), how, tmp_path))
+    model = model()
+    _give(model, face)
+    latents = torch.randn(1, 16, 2, 2, 3, requires_grad=True)
+    with pytest.raises(InputError, match="requires gradients"):
+        model.decode_latents(latents * 1)
 
 
 # ---- the data loader's latent cache --------------------------------------------------------------------------
@@ -312,4 +358,4 @@ def test_the_latent_cache_equals_the_vae_ai_toolkit_loads(name, tmp_path):
         g = got[0][k] if k in got[0] else got[2][k.split(" ", 1)[1]]
         worst = max(worst, _close(g, w)) if w.is_floating_point() else worst
         assert w.is_floating_point() or torch.equal(g, w), k
-    print(f"ai-toolkit _latent_cache ({name}): {sorted(want[0])}, max abs {worst:.1e} (face vs diffusers' class)")
+    print(f"ai-toolkit _latent_cache ({name}): {sorted(want[0])}, max abs {worst:.1e} (face vs the class)")
