@@ -129,7 +129,10 @@ def _ai_toolkit():
     if root not in sys.path:
         sys.path.insert(0, root)
     stand_ins = _StandIns({m for m in ("torchvision", "torchaudio") if _does_not_import(m)})
-    export_utils = importlib.import_module("diffusers.pipelines.ltx2.export_utils")
+    try:
+        export_utils = importlib.import_module("diffusers.pipelines.ltx2.export_utils")
+    except ImportError as e:        # it needs PyAV, which ai-toolkit's requirements install
+        pytest.skip(f"diffusers' LTX-2 export utilities do not import here ({e})", allow_module_level=True)
     missing_encode_video = not hasattr(export_utils, "encode_video")
     if missing_encode_video:
         export_utils.encode_video = _Name("diffusers.pipelines.ltx2.export_utils.encode_video")
