@@ -80,8 +80,29 @@ FACTS = {
     "flux": ((16, 32, 64), torch.bfloat16, _kl(0.3611, 0.1159)),     # (sample - shift_factor) * scaling_factor
     "qwen_image": ((16, 8, 12), torch.bfloat16, _wan),               # normalised sample, frame axis dropped
     "wan": ((16, 1, 8, 12), torch.bfloat16, _wan),                   # mode of the normalised posterior
-    "ltxvideo": ((128, 1, 2, 4), torch.float32, lambda z: z),         # normalised (our LATENT is), float32
+    # normalised with the VAE's own statistics (the reference computes them), float32
+    "ltxvideo": ((128, 1, 2, 4), torch.float32, lambda z: z),
+    "ltxvideo2": ((128, 1, 2, 4), torch.float32, lambda z: z),
 }
+# its LTX families' VAE classes (ltxvideo/model.py AutoencoderKLLTXVideo, ltxvideo2/model.py:136
+# AutoencoderKLLTX2Video): the tiny rows of tests/video_families.py at their 128 latent channels
+LTX_ROWS = {"ltxvideo": "ltx", "ltxvideo2": "ltx2"}
+
+
+def _ltx_reference(tmp: Path, row: str):
+    """diffusers' tiny LTX VAE of ``row`` with 128 latent channels and per-channel statistics off the identity
+    (so a missing or inverted normalisation shows), and the same weights as a safetensors file."""
+    from video_families import tiny_reference
+    tiny = tiny_reference(row)
+    torch.manual_seed(0)
+    ref = type(tiny).from_config({**tiny.config, "latent_channels": 128}).eval()
+    g = torch.Generator().manual_seed(3)
+    ref.latents_mean.copy_(0.3 * torch.randn(128, generator=g))
+    ref.latents_std.copy_(0.5 + torch.rand(128, generator=g))
+    path = tmp / f"{row}_128_stats.safetensors"
+    if not path.exists():
+        save_file({k: v.float().contiguous() for k, v in ref.state_dict().items()}, str(path))
+    return path, ref
 
 
 def _reference(family: str, tmp: Path):
@@ -91,11 +112,7 @@ def _reference(family: str, tmp: Path):
         return path, lambda x: ref.encode(x[:, :, 0] * 2 - 1).latent_dist.mean[0]
     if family in ("wan", "qwen_image"):
         return cache_data.vae_file(tmp, "wan"), lambda x: cache_data.diffusers_wan_posterior(x)[0][0]
-    from video_families import tiny_reference
-    tiny = tiny_reference("ltx2")
-    torch.manual_seed(0)
-    ref = type(tiny).from_config({**tiny.config, "latent_channels": 128}).eval()
-    path = cache_data.ltx2_vae_file(tmp)
+    path, ref = _ltx_reference(tmp, LTX_ROWS[family])
 
     def mean(x):                # its LTX models hand the VAE the pixels in 0..1 (a bare ToTensor)
         z = ref.encode(x).latent_dist.mean[0]
@@ -111,7 +128,7 @@ def test_files_are_named_and_hold_what_its_cache_stores(data, family):
     out = tmp / f"out_{family}"
     res, said = _run(out, vae_path, [folder], model_family=family)
     # the video: an image model does not train on it; a video model needs its num_frames (--frames)
-    video = family in ("wan", "ltxvideo")
+    video = family in ("wan", "ltxvideo", "ltxvideo2")
     assert (res.written, res.failed) == (2, 1), said
     assert any("a.mp4" in s and ("--frames" if video else "trains on images") in s for s in said), said
     # {cache_dir}/{folders below instance_data_dir}/{sha256(stem)}.pt
@@ -137,7 +154,8 @@ def videos(tmp_path_factory):
 
 # the 64 x 48 video's 96 x 64 bucket: Wan's trim keeps it (12 x 8 latents of the tiny VAE's 8 px), LTX's trims it
 # to 64 x 64 (96 / 32 is odd); 9 frames are 3 latent frames at Wan's ratio 4, 2 at LTX's 8
-@pytest.mark.parametrize("family, latent", [("wan", (3, 8, 12)), ("ltxvideo", (2, 2, 2))])
+@pytest.mark.parametrize("family, latent", [("wan", (3, 8, 12)), ("ltxvideo", (2, 2, 2)),
+                                            ("ltxvideo2", (2, 2, 2))])
 def test_a_video_is_its_first_num_frames_on_its_frame_rule(videos, family, latent):
     # num_frames 12 -> 9 (adjust_video_frames: down to 1 + 8k, also for Wan whose VAE takes 1 + 4k); the
     # 11-frame video is cut to its first 9, the 5-frame one is below min_frames (= num_frames) and dropped
