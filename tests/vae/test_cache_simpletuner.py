@@ -78,6 +78,7 @@ def _wan(z):
 FACTS = {
     "sdxl": ((4, 32, 64), torch.bfloat16, _kl(0.13025)),             # sample * scaling_factor
     "flux": ((16, 32, 64), torch.bfloat16, _kl(0.3611, 0.1159)),     # (sample - shift_factor) * scaling_factor
+    "sd3": ((16, 32, 64), torch.bfloat16, _kl(1.5305, 0.0609)),      # the same rule with SD3's VAE config
     "qwen_image": ((16, 8, 12), torch.bfloat16, _wan),               # normalised sample, frame axis dropped
     "wan": ((16, 1, 8, 12), torch.bfloat16, _wan),                   # mode of the normalised posterior
     # normalised with the VAE's own statistics (the reference computes them), float32
@@ -107,7 +108,7 @@ def _ltx_reference(tmp: Path, row: str):
 
 def _reference(family: str, tmp: Path):
     """(our VAE file, the diffusers posterior mean of clips [1, 3, F, H, W] in 0..1 as a function)."""
-    if family in ("sdxl", "flux"):
+    if family in ("sdxl", "flux", "sd3"):
         path, ref = _kl_file(tmp, 4 if family == "sdxl" else 16)
         return path, lambda x: ref.encode(x[:, :, 0] * 2 - 1).latent_dist.mean[0]
     if family in ("wan", "qwen_image"):
@@ -219,6 +220,7 @@ def test_metadata_files_hold_its_bucket_indices_and_sizes(data):
 @pytest.mark.parametrize("kw, word", [
     ({"model_family": None}, "model_family"),
     ({"model_family": "hidream"}, "model_family"),
+    ({"model_family": "hunyuanvideo"}, "one frame more"),
     ({"model_family": "flux", "resolution_type": "area"}, "file order"),
     ({"model_family": "flux", "resolution_type": "pixel_area"}, "file order"),
     ({"model_family": "flux", "crop": True}, "unseeded"),

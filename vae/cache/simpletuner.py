@@ -82,6 +82,9 @@ FAMILIES = {f.name: f for f in (
     # sdxl/model.py, flux/model.py check_user_config: alignment 64; scaling factors of their VAE configs
     Family("sdxl", "kl", 4, 64, False, scale=0.13025),
     Family("flux", "kl", 16, 64, False, scale=0.3611, shift=0.1159),
+    # sd3/model.py:111 an ImageModelFoundation with no hook of its own, :867-871 its own VAE only, alignment 64;
+    # the SD3 VAE config's shift_factor 0.0609 and scaling_factor 1.5305
+    Family("sd3", "kl", 16, 64, False, scale=1.5305, shift=0.0609),
     Family("qwen_image", "wan", 16, 32, False, wan_stats=True),
     # wan/model.py: 32 (64 for the 5B's 48-channel VAE, not written here)
     Family("wan", "wan", 16, 32, True, trim=8, wan_stats=True, mode=True, frame_step=8),
@@ -91,6 +94,14 @@ FAMILIES = {f.name: f for f in (
     Family("ltxvideo2", "ltx", 128, 64, True, trim=32, dtype=torch.float32, frame_step=8, unit_pixels=True),
 )}
 CROP_STYLES = ("center", "corner")
+BUCKET_STRATEGIES = ("aspect_ratio", "resolution_frames")
+# model families SimpleTuner caches that no other VAE implementation can reproduce, and why
+REFUSED = {
+    "hunyuanvideo": "its HunyuanVideo 1.5 VAE (models/hunyuanvideo/autoencoder.py:444-451, its own copy) pads an "
+                    "odd frame count at each temporal down-sampler with a copy of the last frame, so its latents "
+                    "have one frame more than the model's, [C, 2, H, W] for an image and F' + 1 for a video, the last "
+                    "made from the padded copy; no other implementation makes that frame",
+}
 
 
 def _round_multiple(value: float, multiple: int) -> int:
@@ -173,7 +184,12 @@ class SimpleTuner(Format):
                  resolution_type: str = "pixel", crop: bool = False, crop_style: Optional[str] = None,
                  alignment: Optional[int] = None, dataset_id: Optional[str] = None,
                  instance_data_dir: Optional[str] = None, frames: tuple[int, ...] = (1,),
-                 fps: Optional[float] = None, extraction: str = "head"):
+                 fps: Optional[float] = None, extraction: str = "head", min_frames: Optional[int] = None,
+                 max_frames: Optional[int] = None, bucket_strategy: str = "aspect_ratio",
+                 frame_interval: Optional[int] = None):
+        if family in REFUSED:
+            raise InputError(f"SimpleTuner's {family} cache is not written: {REFUSED[family]}.", input="--model-family",
+                             fix="let SimpleTuner cache this dataset itself.")
         if not family or family not in FAMILIES:
             raise InputError(f"SimpleTuner's cache needs its model_family; {family!r} is not one written here.",
                              input="--model-family", fix=f"give one of {', '.join(FAMILIES)} (as in your "
@@ -212,6 +228,7 @@ class SimpleTuner(Format):
                              input="--id", fix="give the dataset's id from SimpleTuner's dataloader config.")
         self.instance_data_dir = instance_data_dir
         self.num_frames = self._num_frames(tuple(frames), fps, extraction)
+        self._video_settings(tuple(frames), min_frames, max_frames, bucket_strategy, frame_interval)
 
     def _num_frames(self, frames: tuple[int, ...], fps: Optional[float], extraction: str) -> int:
         """Its video ``num_frames`` after the model's adjust_video_frames (factory.py), or 1 (images only)."""
@@ -229,6 +246,30 @@ class SimpleTuner(Format):
             raise InputError(f"--extraction {extraction}: SimpleTuner caches a video's first num_frames frames.",
                              input="--extraction", fix="leave --extraction at head.")
         return self._fit(frames[0])
+
+    def _video_settings(self, frames: tuple[int, ...], min_frames: Optional[int], max_frames: Optional[int],
+                        bucket_strategy: str, frame_interval: Optional[int]) -> None:
+        """Its dataset's video.min_frames, max_frames, bucket_strategy and frame_interval, as it applies them."""
+        if bucket_strategy not in BUCKET_STRATEGIES:
+            raise InputError(f"unknown bucket_strategy {bucket_strategy!r}.", input="--bucket-strategy",
+                             fix=f"use {' or '.join(BUCKET_STRATEGIES)}.")
+        if frame_interval is not None and (bucket_strategy != "resolution_frames" or frame_interval < 1):
+            raise InputError(f"--frame-interval {frame_interval}: SimpleTuner reads video.frame_interval only with "
+                             "bucket_strategy resolution_frames, and only a positive one.", input="--frame-interval",
+                             fix="give it with --bucket-strategy resolution_frames, or leave it out.")
+        self.bucket_strategy, self.frame_interval = bucket_strategy, frame_interval
+        self.min_frames, self.max_frames = self.num_frames, None
+        if self.num_frames == 1:        # an image family, or no num_frames given: no video is cached
+            return
+        if min_frames is not None:
+            # factory.py:862-865 refuses min_frames below num_frames (both as given), :873-882 fits it as num_frames
+            if min_frames < frames[0]:
+                raise InputError(f"--video-min-frames {min_frames} is below num_frames {frames[0]}: SimpleTuner refuses "
+                                 "it (video->min_frames must be greater than or equal to video->num_frames).",
+                                 input="--video-min-frames", fix="give min_frames >= num_frames, or leave it out.")
+            self.min_frames = self._fit(min_frames)
+        if max_frames:                  # metadata/backends/base.py:163: 0 or none is no limit; not fitted
+            self.max_frames = max_frames
 
     def _fit(self, count: int) -> int:
         """adjust_video_frames (wan/, ltxvideo/, ltxvideo2/model.py): down to 1 + step * k, at least 1."""
@@ -273,19 +314,33 @@ class SimpleTuner(Format):
         if frames is not None:
             clips = [self.clip(frames)]
             meta["num_frames"] = self._fit(frames)      # discovery.py: the video's own count, adjusted
+            if self.bucket_strategy == "resolution_frames":
+                meta["bucket_frames"] = self._bucket_frames(meta["num_frames"])
         return Placement(Bucket(w, h), Crop(tuple(size), inter, left, top, (w, h), "bilinear"), meta, clips)
 
     def clip(self, frames: int) -> ClipPlan:
-        """The one clip of a video of ``frames`` frames: its first num_frames. SimpleTuner cuts a video to its
-        model's frame rule and drops it below min_frames (discovery.py, metadata/backends/base.py; min_frames
-        defaults to num_frames), then caches frames [:num_frames] (caching/vae.py prepare_video_latents)."""
+        """The one clip of a video of ``frames`` frames: its first num_frames. SimpleTuner cuts a video's count to
+        its model's frame rule, drops it below min_frames or above max_frames (discovery.py:461-487,
+        metadata/backends/base.py:1173-1200, 1206-1224; min_frames defaults to num_frames), then caches frames
+        [:num_frames] (caching/vae.py:1092-1094 prepare_video_latents)."""
         n = self.num_frames
         if n == 1:          # --frames left at its default: SimpleTuner's own would be 5 s of the video
             raise ValueError("a video needs the dataset's video num_frames: --frames was left at 1 (SimpleTuner's "
                              "default is 5 s at the video's frame rate); pass --frames N, N its num_frames")
-        if self._fit(frames) < n:
-            raise ValueError(f"it has {frames} frames, fewer than num_frames {n}: SimpleTuner drops it (min_frames)")
+        fitted = self._fit(frames)
+        if fitted < self.min_frames:
+            raise ValueError(f"it has {frames} frames ({fitted} on its frame rule), fewer than min_frames "
+                             f"{self.min_frames}: SimpleTuner drops it")
+        if self.max_frames is not None and fitted > self.max_frames:
+            raise ValueError(f"it has {frames} frames ({fitted} on its frame rule), more than max_frames "
+                             f"{self.max_frames}: SimpleTuner drops it")
         return ClipPlan(0, n, tuple(range(n)))
+
+    def _bucket_frames(self, count: int) -> int:
+        """metadata/backends/base.py:350-364 _compute_video_bucket: down to a multiple of frame_interval (if
+        that leaves none, the count itself)."""
+        step = self.frame_interval
+        return (count // step * step or count) if step else count
 
     def pixels(self, x: torch.Tensor) -> torch.Tensor:
         """The clip (0..1) as our VAE must get it to see what SimpleTuner's VAE gets: ours maps 0..1 to -1..1,
@@ -332,7 +387,10 @@ class SimpleTuner(Format):
         metadata: dict[str, dict] = {}
         for base, relative, meta in entries:
             where = os.path.join(self.instance_data_dir or str(base), str(relative))
-            indices.setdefault(str(meta["aspect_ratio"]), []).append(where)
+            # discovery.py:531-538: a video's key under resolution_frames is WxH@F (its target size, bucket frames)
+            key = (f"{meta['target_size'][0]}x{meta['target_size'][1]}@{meta['bucket_frames']}"
+                   if "bucket_frames" in meta else str(meta["aspect_ratio"]))
+            indices.setdefault(key, []).append(where)
             metadata[where] = meta
         for paths in indices.values():
             paths.sort()
@@ -352,4 +410,5 @@ def from_options(opts, dtype: Optional[torch.dtype]) -> SimpleTuner:
     """The format of a run's options (CacheOptions: its SimpleTuner settings)."""
     return SimpleTuner(opts.model_family, dtype, opts.resolution, opts.resolution_type, opts.crop, opts.crop_style,
                        opts.aspect_bucket_alignment, opts.id, opts.instance_data_dir, opts.frames, opts.fps,
-                       opts.extraction)
+                       opts.extraction, opts.video_min_frames, opts.video_max_frames, opts.bucket_strategy,
+                       opts.frame_interval)
