@@ -181,7 +181,51 @@ def test_a_video_is_its_first_num_frames_on_its_frame_rule(videos, family, laten
     assert meta[str(folder / "v.mp4")]["num_frames"] == 9
 
 
+@pytest.fixture(scope="module")
+def lengths(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("simpletuner_lengths")
+    return tmp, cache_data.make_dataset(tmp / "data", videos=(("v.mp4", 11, (64, 48)), ("l.mp4", 17, (64, 48))),
+                                        images=())
+
+
+# num_frames 9 throughout; each video's count on Wan's frame rule (adjust_video_frames, 1 + 8k): v 11 -> 9, l 17
+@pytest.mark.parametrize("kw, kept, dropped, word", [
+    ({}, ["l", "v"], [], None),                                     # min_frames = num_frames
+    ({"video_min_frames": 12}, ["l", "v"], [], None),               # min_frames fitted as num_frames: 12 -> 9
+    ({"video_min_frames": 17}, ["l"], ["v.mp4"], "fewer than min_frames 17"),
+    ({"video_max_frames": 10}, ["v"], ["l.mp4"], "more than max_frames 10"),    # v's 11 frames count as 9
+])
+def test_min_and_max_frames_drop_videos_by_their_count_on_its_frame_rule(lengths, kw, kept, dropped, word):
+    tmp, folder = lengths
+    out = tmp / f"out_{'_'.join(f'{k}{v}' for k, v in kw.items())}"
+    res, said = _run(out, cache_data.vae_file(tmp, "wan"), [folder], model_family="wan", frames=(9,), **kw)
+    assert sorted(p.name for p in out.rglob("*.pt")) == sorted(_sha(k) for k in kept), said
+    assert res.failed == len(dropped)
+    for name in dropped:
+        assert any(name in s and word in s for s in said), said
+    for k in kept:          # the first num_frames, whatever min_frames is: 3 latent frames at Wan's ratio 4
+        assert torch.load(str(out / _sha(k)), weights_only=True).shape[1] == 3
+
+
+@pytest.mark.parametrize("interval, key", [(None, "96x64@9"), (4, "96x64@8"), (16, "96x64@9")])
+def test_resolution_frames_keys_a_video_by_its_size_and_frames(lengths, interval, key):
+    # discovery.py / _compute_video_bucket: WxH of the target, the video's count on the frame rule rounded down to
+    # frame_interval (16 leaves none: the count itself); the 64 x 48 videos' target at 64 px, alignment 32: 96 x 64
+    tmp, folder = lengths
+    out = tmp / f"rf_{interval}"
+    res, said = _run(out, cache_data.vae_file(tmp, "wan"), [folder / "v.mp4"], model_family="wan", frames=(9,),
+                     id="ds", bucket_strategy="resolution_frames", frame_interval=interval)
+    assert res.written == 1, said
+    indices = json.loads((out / "aspect_ratio_bucket_indices_ds.json").read_text())["aspect_ratio_bucket_indices"]
+    assert indices == {key: [str(folder / "v.mp4")]}
+    meta = json.loads((out / "aspect_ratio_bucket_metadata_ds.json").read_text())[str(folder / "v.mp4")]
+    assert meta["bucket_frames"] == int(key.split("@")[1]) and meta["num_frames"] == 9
+
+
 @pytest.mark.parametrize("kw, word", [
+    ({"video_min_frames": 5}, "greater than or equal"),
+    ({"frame_interval": 4}, "only with"),
+    ({"bucket_strategy": "duration"}, "bucket_strategy"),
     ({"frames": (9, 17)}, "one clip per video"),
     ({"fps": 8.0}, "does not resample"),
     ({"extraction": "chunk"}, "first num_frames"),
