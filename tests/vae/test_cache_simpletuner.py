@@ -363,3 +363,44 @@ print(json.dumps(result))
         assert r["sizes"] == r["ours"], rel
         assert r["pixels"] <= 1, rel          # its 8-bit OpenCV bilinear against ours, rounded: one level at most
         assert r["tensor"][0] == "torch.bfloat16" and len(r["tensor"][1]) == 3, rel
+
+
+def test_its_hunyuanvideo_vae_adds_the_frame_we_refuse_to_guess(tmp_path):
+    """The premise of refusing ``hunyuanvideo``: SimpleTuner's own HunyuanVideo 1.5 VAE class, on diffusers' tiny
+    weights, gives diffusers' latent frames plus one (from its padded copy of the last frame). If a SimpleTuner
+    version stops adding it, this fails and the family can be written."""
+    from safetensors.torch import save_file as save
+    from video_families import tiny_reference
+    from vae.archs import hunyuan_video15_layout
+    ref = tiny_reference("hunyuan_video15")
+    canonical = hunyuan_video15_layout.to_canonical(ref.state_dict())
+    save({k: v.contiguous() for k, v in canonical.items() if k.startswith("encoder.")}, str(tmp_path / "enc.safetensors"))
+    torch.manual_seed(1)
+    clips = {f: torch.rand(1, 3, f, 32, 48) * 2 - 1 for f in (1, 5)}
+    torch.save(clips, str(tmp_path / "clips.pt"))
+    cfg = ref.config
+    st = os.environ.get("SIMPLETUNER_DIR", ".")
+    cache_data.trainer_loader("SIMPLETUNER_DIR", f"""
+import json, sys, torch
+from safetensors.torch import load_file
+sys.path.insert(0, {st!r})
+from simpletuner.helpers.models.hunyuanvideo.autoencoder import AutoencoderKLConv3D
+m = AutoencoderKLConv3D(in_channels=3, out_channels=3, latent_channels={cfg['latent_channels']},
+    block_out_channels={tuple(cfg['block_out_channels'])}, layers_per_block={cfg['layers_per_block']},
+    ffactor_spatial={cfg['spatial_compression_ratio']}, ffactor_temporal={cfg['temporal_compression_ratio']},
+    sample_size=256, sample_tsize=64).eval()
+ours = load_file("enc.safetensors")
+# its names are Tencent's: ours with the causal convs' ".conv." wrapper where it has one
+sd = {{k: ours.get("encoder." + k, ours.get("encoder." + k.replace(".conv.weight", ".weight").replace(".conv.bias", ".bias")))
+      for k in m.encoder.state_dict()}}
+m.encoder.load_state_dict(sd, strict=True)
+with torch.no_grad():
+    torch.save({{f: m.encode(x).latent_dist.mean for f, x in torch.load("clips.pt").items()}}, "theirs.pt")
+print(json.dumps({{}}))
+""", tmp_path)
+    theirs = torch.load(str(tmp_path / "theirs.pt"), weights_only=True)
+    for f, x in clips.items():
+        with torch.no_grad():
+            ours = ref.encode(x).latent_dist.mean
+        assert theirs[f].shape[2] == ours.shape[2] + 1, f
+        assert (theirs[f][:, :, :-1] - ours).abs().max() <= 1e-4 * ours.abs().max()
