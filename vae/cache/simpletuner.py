@@ -1,44 +1,77 @@
-"""``simpletuner``: SimpleTuner's VAE cache (its ``VAECache``, read at bghira/SimpleTuner bc8e6ab7).
+"""``simpletuner``: SimpleTuner's VAE cache (its ``VAECache``, read at bghira/SimpleTuner bc8e6ab7; paths below
+are under simpletuner/helpers/, line numbers at that commit).
 
 Files: ``{cache_dir_vae}/{subfolders}/{sha256(stem)}.pt``, ``stem`` the source's file name without its
-extension and ``subfolders`` its folder below the dataset's ``instance_data_dir``
-(helpers/caching/vae.py ``generate_vae_cache_filename``; the factory always hashes the names,
-data_backend/factory.py ``hash_filenames=True  # always enabled``). Each file is ``torch.save`` of one
-tensor (data_backend/local.py ``torch_save``, uncompressed by default): for LTX the dict its encode makes is
-cut down to its ``latents`` before the write (``_write_latents_in_batch`` keeps the dict only for audio).
+extension and ``subfolders`` its folder below the dataset's ``instance_data_dir`` (caching/vae.py:678
+``generate_vae_cache_filename``; the factory always hashes the names, data_backend/factory.py:4011, 4232
+``hash_filenames=True``). Each file is ``torch.save`` of one tensor (data_backend/local.py:335 ``torch_save``,
+uncompressed by default): for LTX the dict its encode makes is cut down to its ``latents`` before the write
+(caching/vae.py:1419-1440, ``_write_latents_in_batch`` keeps the dict only for audio and ace_step).
 
-What the tensor holds, per ``model_family`` (its ``encode_images``, the model's pre/post-encode hooks and
-``VaeLatentScalingMixin.scale_vae_latents_for_cache``, which every image and video model inherits):
+What the tensor holds, per ``model_family`` (caching/vae.py:1293-1355 ``encode_images``: the model's
+pre/post-encode hooks, ``latent_dist.sample()`` at :1337 (the ``mode()`` for Wan at :1220),
+``process_video_latents`` at :1132, then foundation_mixins.py:67-79 ``scale_vae_latents_for_cache``:
+(z - shift_factor) * scaling_factor where the VAE config has a shift, else z * scaling_factor, the factor the
+VAE config's, models/common.py:2745):
 
-- ``sdxl``: a sample of the posterior times the VAE config's ``scaling_factor`` (0.13025), [C, H, W];
+- ``sdxl``: a sample times the VAE config's ``scaling_factor`` (0.13025), [C, H, W];
 - ``flux``: (sample - ``shift_factor`` 0.1159) * ``scaling_factor`` 0.3611, [C, H, W];
+- ``sd3``: the same rule with SD3's VAE config, (sample - 0.0609) * 1.5305, [C, H, W] (sd3/model.py:111 has
+  no hook of its own, :867-868 refuses a custom VAE);
 - ``qwen_image``: a sample, (z - latents_mean) / latents_std per channel, the frame axis dropped, [C, H, W]
-  (qwen_image/model.py ``post_vae_encode_transform_sample``; its VAE config has no scaling factor);
-- ``wan``: the mode of the posterior normalised by the same statistics (models/wan ``compute_wan_posterior``,
-  ``posterior.mode()``), [C, 1, H, W] for an image;
-- ``ltxvideo`` / ``ltxvideo2``: a sample, (z - latents_mean) * scaling_factor / latents_std with the
-  VAE's own statistics (``normalize_ltx_latents``, ``normalize_ltx2_latents``: float32, ``.float()``
-  inside), [C, 1, H, W]; the scaling factor is the VAE config's, 1.0 (the class default) for both.
+  (qwen_image/model.py:1744 ``post_vae_encode_transform_sample``; its VAE config has no scaling factor);
+- ``wan``: the mode of the posterior normalised by the same statistics (caching/vae.py:1163-1225,
+  models/wan/__init__.py:53 ``compute_wan_posterior``), [C, 1, H, W] for an image;
+- ``ltxvideo`` / ``ltxvideo2``: a sample, (z - latents_mean) * scaling_factor / latents_std with the VAE's own
+  statistics (caching/vae.py:1134-1160; models/ltxvideo/__init__.py:8-19 ``normalize_ltx_latents``,
+  models/ltxvideo2/__init__.py:6-17 ``normalize_ltx2_latents``: ``.float()`` inside, so float32, the
+  statistics first cast to the latents' dtype), [C, 1, H, W]; the scaling factor is 1.0 (ltxvideo: the
+  function's default; ltxvideo2: its VAE config's, the class default 1.0, ltxvideo2/autoencoder.py:1156). Its
+  scaling hook meets a dict there and leaves it. ltxvideo2's VAE is its own copy of diffusers'
+  AutoencoderKLLTX2Video (ltxvideo2/model.py:136); its encoder gives diffusers' latents.
 
-The dtype is the VAE's (``StateTracker.get_vae_dtype``: ``--vae_dtype``, bf16 unless fp32 is asked), but
-LTX's normalisation returns float32. We store the posterior's mean where SimpleTuner stores an unseeded
-sample (SDXL, Flux, Qwen-Image, LTX): one of the latents its cache could hold, the noise-free one.
+The dtype is the VAE's (caching/vae.py:636-639 ``_cache_vae_dtype``: ``--vae_dtype``, bf16 unless fp32 is
+asked), but LTX's normalisation returns float32. We store the posterior's mean where SimpleTuner stores an
+unseeded sample (SDXL, SD3, Flux, Qwen-Image, LTX): one of the latents its cache could hold, the noise-free one.
+
+Not written: ``hunyuanvideo`` (its HunyuanVideo 1.5; see ``REFUSED``): its own VAE class
+(hunyuanvideo/model.py:58 ``AutoencoderKLConv3D``, hunyuanvideo/autoencoder.py:444-451 and :506-511 in
+``Downsample._forward_fast``) pads an odd frame count at each temporal down-sampler with a copy of the last
+frame, and so returns diffusers' latent frames plus one: [C, 2, H', W'] for an image (measured on tiny
+weights: the first frames equal diffusers' to 3e-6). It would otherwise be a sample * scaling_factor (no
+shift in its VAE class, :1035-1036) of pixels in 0..1 (hunyuanvideo/model.py:839-842 keep
+VideoTransformMixin's bare ToTensor), frame counts not fitted (no ``adjust_video_frames`` of its own:
+foundation_mixins.py:114-126 returns the count), latents trimmed to even sizes at 16 px (caching/vae.py:1064).
 
 Sizes (``resolution_type: pixel``, ``crop: false``; TrainingSample.resize, MultiaspectImage
 ``calculate_new_size_by_pixel_edge``): see ``pixel_edge``; the source is resized to the intermediary size
 with the ``trainingsample`` package's resize (OpenCV's INTER_LINEAR: bilinear, no antialiasing), which
 we do in float and round (within one level of its 8-bit result), then the bucket is cut at the
-``crop_style``'s place (``cropping.py``: centre ``int((inter - target) / 2)``, or corner 0, 0).
+``crop_style``'s place (``cropping.py``: centre ``int((inter - target) / 2)``, or corner 0, 0). Alignment:
+each model's ``check_user_config`` forces it (sdxl/model.py:648-652, sd3/model.py:869-871,
+flux/model.py:1125-1129, ltxvideo/model.py:422-426, ltxvideo2/model.py:1526-1530: 64; qwen_image/model.py:1842-1850,
+wan/model.py:1529-1535: 32, 64 for Wan 2.2 5B).
 Videos (wan, ltxvideo, ltxvideo2): see ``SimpleTuner.clip``; every frame is sized and cut as an image of its
-size, and the first ``num_frames`` are encoded into [C, F', H', W']. Its LTX models feed their VAE pixels in
-0..1 (``pixels``). Decoding: SimpleTuner decodes with ``trainingsample`` (image_manipulation/load.py
-``load_image``): PNG pixels equal Pillow's, alpha is dropped as Pillow's RGB conversion drops it, EXIF
-orientation is not applied (its ``exif_transpose`` meets an image without EXIF), as here; a JPEG's
-decoded pixels may differ from Pillow's by a few levels (another decoder). ``area`` / ``pixel_area`` are refused: their
-target size for an aspect ratio is the first one seen in the run (``StateTracker.get_resolution_by_aspect``
-/ ``set_resolution_by_aspect``), so it depends on the order the files are read in. ``crop: true`` is refused
-(its crops are a random aspect or random place), and so is ``crop_style: random`` even with ``crop: false``:
-the few pixels between the intermediary size and the bucket are cut at a random place, unseeded.
+size, and the first ``num_frames`` are encoded into [C, F', H', W'] (caching/vae.py:1092-1094), the latent
+trimmed to even sizes (:1096-1126). num_frames and min_frames are fitted down to 1 + 8k (factory.py:867-890;
+wan/model.py:458, ltxvideo/model.py:82, ltxvideo2/model.py:177-184 ``adjust_video_frames``), max_frames is
+not; a video's own count, fitted the same way, drops it below min_frames or above max_frames
+(metadata/backends/base.py:1173-1200, 1206-1224; discovery.py:461-487). min_frames defaults to num_frames
+and may not be below it (factory.py:813-817, 862-865). ``bucket_strategy: resolution_frames`` keys a video's
+bucket ``{W}x{H}@{F}`` (its target size; its fitted count rounded down to ``frame_interval``, or the count
+where that leaves none) and adds ``bucket_frames`` to its metadata (discovery.py:531-540,
+metadata/backends/base.py:304-320, 350-364); the latents are the same (the cache still takes num_frames,
+factory.py:4223). Its LTX models feed their VAE pixels in 0..1 (``pixels``: foundation_mixins.py:128-152
+VideoTransformMixin.get_transforms, a bare ToTensor, where wan/model.py:1580-1585 and the image models'
+models/common.py:1794-1807 add Normalize([0.5], [0.5])). Decoding: SimpleTuner decodes with ``trainingsample``
+(image_manipulation/load.py ``load_image``): PNG pixels equal Pillow's, alpha is dropped as Pillow's RGB
+conversion drops it, EXIF orientation is not applied (its ``exif_transpose`` meets an image without EXIF), as
+here; a JPEG's decoded pixels may differ from Pillow's by a few levels (another decoder). ``area`` /
+``pixel_area`` are refused: their target size for an aspect ratio is the first one seen in the run
+(``StateTracker.get_resolution_by_aspect`` / ``set_resolution_by_aspect``), so it depends on the order the
+files are read in. ``crop: true`` is refused (its crops are a random aspect or random place), and so is
+``crop_style: random`` even with ``crop: false``: the few pixels between the intermediary size and the bucket
+are cut at a random place, unseeded.
 
 Beside the latents it writes, in the cache folder, the two JSON files its metadata backend keeps in the
 dataset's ``instance_data_dir`` (metadata/backends/discovery.py ``save_cache`` / ``save_image_metadata``):
