@@ -1,10 +1,12 @@
 """``--format simpletuner``: SimpleTuner's VAE cache, checked against facts recorded from its code
-(bghira/SimpleTuner bc8e6ab7: helpers/caching/vae.py generate_vae_cache_filename and encode_images,
-models/foundation_mixins.py scale_vae_latents_for_cache, models/qwen_image/model.py, models/wan/__init__.py,
-models/ltxvideo/__init__.py, multiaspect/image.py calculate_new_size_by_pixel_edge,
-image_manipulation/training_sample.py, metadata/backends/discovery.py), the latents against diffusers'
-models on the same weights, and, where SIMPLETUNER_DIR names a checkout of it (SIMPLETUNER_PYTHON: the
-Python to run it with), its own TrainingSample, cache-name function and loader on our files."""
+(bghira/SimpleTuner bc8e6ab7, cited by line in vae/cache/simpletuner.py: helpers/caching/vae.py
+generate_vae_cache_filename, encode_images, process_video_latents, models/foundation_mixins.py
+scale_vae_latents_for_cache, models/qwen_image/model.py, models/wan/__init__.py, models/ltxvideo/__init__.py,
+models/ltxvideo2/__init__.py and model.py, models/sd3/model.py, models/hunyuanvideo/autoencoder.py,
+multiaspect/image.py calculate_new_size_by_pixel_edge, image_manipulation/training_sample.py,
+metadata/backends/discovery.py and base.py, data_backend/factory.py), the latents against diffusers' models on
+the same weights, and, where SIMPLETUNER_DIR names a checkout of it (SIMPLETUNER_PYTHON: the Python to run it
+with), its own TrainingSample, cache-name function, loader and HunyuanVideo 1.5 VAE class."""
 from __future__ import annotations
 
 import hashlib
