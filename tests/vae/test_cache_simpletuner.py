@@ -406,3 +406,43 @@ print(json.dumps({{}}))
             ours = ref.encode(x).latent_dist.mean
         assert theirs[f].shape[2] == ours.shape[2] + 1, f
         assert (theirs[f][:, :, :-1] - ours).abs().max() <= 1e-4 * ours.abs().max()
+
+
+def test_simpletuners_own_ltx2_vae_and_loader_agree_with_our_ltxvideo2_file(videos):
+    """Its own copy of AutoencoderKLLTX2Video (the encoder, on our tiny weights) and normalize_ltx2_latents on the
+    clip we encoded, against our file read with its loader (the name is checked against its own function above)."""
+    tmp, folder = videos
+    vae_path, ref = _ltx_reference(tmp, "ltx2")
+    out = tmp / "own_ltx2"
+    res, said = _run(out, vae_path, [folder / "v.mp4"], model_family="ltxvideo2", frames=(12,))
+    assert res.written == 1, said
+    fmt = SimpleTuner("ltxvideo2", resolution="64", crop_style="center", frames=(12,))
+    place = fmt.place((64, 48), 1, 11)
+    (_, x), = media.read_clips(folder / "v.mp4", place.clips, place.crop)
+    save_file({k: v.float().contiguous() for k, v in ref.state_dict().items() if not k.startswith("decoder.")},
+              str(tmp / "ltx2_encoder.safetensors"))
+    torch.save(x.unsqueeze(0), str(tmp / "ltx2_clip.pt"))
+    (tmp / "ltx2_config.json").write_text(json.dumps({k: v for k, v in ref.config.items() if not k.startswith("_")}))
+    st = os.environ.get("SIMPLETUNER_DIR", ".")
+    got = cache_data.trainer_loader("SIMPLETUNER_DIR", f"""
+import inspect, json, sys, torch
+from safetensors.torch import load_file
+sys.path.insert(0, {st!r})
+from simpletuner.helpers.models.ltxvideo2 import normalize_ltx2_latents
+from simpletuner.helpers.models.ltxvideo2.autoencoder import AutoencoderKLLTX2Video
+from simpletuner.helpers.data_backend.local import LocalDataBackend
+cfg = json.load(open("ltx2_config.json"))
+params = inspect.signature(AutoencoderKLLTX2Video.__init__).parameters
+vae = AutoencoderKLLTX2Video(**{{k: v for k, v in cfg.items() if k in params}}).eval()
+weights = load_file("ltx2_encoder.safetensors")
+missing = [k for k in vae.load_state_dict(weights, strict=False).missing_keys if not k.startswith("decoder.")]
+assert not missing, missing
+with torch.no_grad():        # its cache samples the posterior; the mean is the sample without its noise
+    z = vae.encode(torch.load("ltx2_clip.pt")).latent_dist.mean
+    theirs = normalize_ltx2_latents(z, vae.latents_mean, vae.latents_std, scaling_factor=vae.config.scaling_factor)[0]
+ours = LocalDataBackend(accelerator=None, id="ds").torch_load({str(out / _sha('v'))!r})
+print(json.dumps({{"dtype": str(ours.dtype), "shape": list(ours.shape), "theirs": list(theirs.shape),
+                  "diff": float((ours.float() - theirs).abs().max()), "scale": float(theirs.abs().max())}}))
+""", tmp)
+    assert got["dtype"] == "torch.float32" and got["shape"] == got["theirs"] == [128, 2, 2, 2], got
+    assert got["diff"] <= 1e-4 * got["scale"] + 1e-5, got
