@@ -57,6 +57,10 @@ class CacheOptions:
     aspect_bucket_alignment: Optional[int] = None
     id: Optional[str] = None
     instance_data_dir: Optional[str] = None
+    video_min_frames: Optional[int] = None     # its video.min_frames (default: num_frames)
+    video_max_frames: Optional[int] = None     # its video.max_frames
+    bucket_strategy: str = "aspect_ratio"      # its video.bucket_strategy
+    frame_interval: Optional[int] = None       # its video.frame_interval (resolution_frames)
     extra: dict = field(default_factory=dict)
 
     def check(self) -> "CacheOptions":

@@ -39,7 +39,8 @@ def add(command, quiet: dict) -> None:
     g.add_argument("--no-upscale", action="store_true", help="a smaller source keeps its size (rounded to the step)")
     g = s.add_argument_group("simpletuner", "SimpleTuner's settings, as its config and dataloader config name them "
                                             "(--resolution: its pixel resolution, e.g. 1024)")
-    g.add_argument("--model-family", help="its model_family: sdxl, flux, qwen_image, wan, ltxvideo, ltxvideo2")
+    g.add_argument("--model-family", help="its model_family: sdxl, sd3, flux, qwen_image, wan, ltxvideo, ltxvideo2 "
+                                          "(hunyuanvideo is refused: see docs/cache.md)")
     g.add_argument("--resolution-type", default="pixel", help="pixel (area and pixel_area are refused: their sizes "
                                                               "depend on SimpleTuner's file order)")
     g.add_argument("--crop", action="store_true", help="crop: true (refused: its crops are unseeded)")
@@ -47,7 +48,15 @@ def add(command, quiet: dict) -> None:
                    help="where the bucket is cut from the resize: center or corner (random is refused: unseeded)")
     g.add_argument("--aspect-bucket-alignment", type=int,
                    help="bucket sizes are multiples of this (default: what SimpleTuner enforces for the family: "
-                        "64 sdxl/flux/ltxvideo, 32 qwen_image/wan)")
+                        "64 sdxl/sd3/flux/ltxvideo, 32 qwen_image/wan)")
+    g.add_argument("--video-min-frames", type=int, help="its video.min_frames: videos with fewer frames (on the "
+                   "frame rule) are not cached (default: --frames, its num_frames)")
+    g.add_argument("--video-max-frames", type=int, help="its video.max_frames: videos with more frames (on the frame "
+                                                        "rule) are not cached")
+    g.add_argument("--bucket-strategy", choices=("aspect_ratio", "resolution_frames"), default="aspect_ratio",
+                   help="its video.bucket_strategy: resolution_frames keys a video's bucket WxH@frames in the JSON")
+    g.add_argument("--frame-interval", type=int, help="its video.frame_interval (resolution_frames: bucket frames "
+                                                      "rounded down to a multiple of it)")
     g.add_argument("--id", help="the dataset's id (names its aspect_ratio_bucket_*_{id}.json files)")
     g.add_argument("--instance-data-dir", help="the dataset's instance_data_dir as its config gives it (the paths in "
                                                "the JSON files; default: the input folder)")
