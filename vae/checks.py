@@ -85,13 +85,14 @@ def latent(z, input: str = "samples") -> None:
                                           "outside the latent).")
 
 
-def image(x, image_channels: int, ratio: int, video: bool, input: str = "pixels") -> torch.Tensor:
+def image(x, image_channels: int, ratio: int, video: bool, input: str = "pixels",
+          pixel_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
     """Kind, dtype, value range and non-empty size of images [B, C, H, W] / clips [B, C, T, H, W];
-    returns them as float in 0..1 (uint8 converted, slight overshoot clamped)."""
+    returns them as float in ``pixel_range`` (0..1: uint8 converted; slight overshoot clamped)."""
     _kind(x, "image", input)
     if x.dtype == torch.uint8:
         log.info("VAEKit: %s: uint8 pixels converted to 0..1 (divided by 255).", input)
-        x = x.float() / 255
+        x = x.float() / 255 * (pixel_range[1] - pixel_range[0]) + pixel_range[0]
     elif not x.is_floating_point():
         what = "a mask (bool)" if x.dtype == torch.bool else f"{str(x.dtype).replace('torch.', '')} integers"
         raise InputError(f"the image is {what}, whose pixel range is not known; images are floating point in 0..1.",
@@ -114,13 +115,16 @@ def image(x, image_channels: int, ratio: int, video: bool, input: str = "pixels"
         raise InputError(f"the image is {w}x{h} pixels, smaller than one latent pixel ({ratio}x{ratio}).",
                          input=input, fix=f"resize it to at least {up[0]}x{up[1]} (e.g. core 'Upscale Image') or "
                                           "check the node that made it (a crop outside the image?).")
-    return _range(x, input)
+    return _range(x, input, *pixel_range)
 
 
-def _range(x: torch.Tensor, input: str) -> torch.Tensor:
+def _range(x: torch.Tensor, input: str, a: float = 0.0, b: float = 1.0) -> torch.Tensor:
     lo, hi = (float(v) for v in torch.aminmax(x.detach().float()))
-    if 0.0 <= lo and hi <= 1.0 or not all(map(math.isfinite, (lo, hi))):
+    if a <= lo and hi <= b or not all(map(math.isfinite, (lo, hi))):
         return x       # in range, or NaN/Inf: the handle's finite check names those
+    if (a, b) != (0.0, 1.0):        # a caller that names its range (diffusers' face: -1..1) keeps to it
+        raise InputError(f"the image's values span {lo:.3g}..{hi:.3g}, outside the {a:g}..{b:g} given.",
+                         input=input, fix=f"clamp or rescale the pixels to {a:g}..{b:g} first.")
     if lo < -RANGE_SLACK or hi > 1 + RANGE_SLACK:
         if lo >= 0 and hi <= 255:
             guess, fix = "0..255 values", "divide by 255"
@@ -241,21 +245,21 @@ def model_latent(vae, z, input: str, hint: Callable[[int, int], str]) -> torch.T
     return z
 
 
-def model_image(vae, x, input: str) -> torch.Tensor:
+def model_image(vae, x, input: str, pixel_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
     """Images [B, C, H, W] (or clips [B, C, T, H, W] for a video VAE; a ``frames_in_batch`` model's one
-    clip [T, C, H, W] becomes [1, C, T, H, W]) in 0..1 for ``vae`` (a handle), checked (``image``, an
+    clip [T, C, H, W] becomes [1, C, T, H, W]) in ``pixel_range`` for ``vae`` (a handle), checked (``image``, an
     encoder, channels, sides that tile the latent grid, finite values); a clip cut to the frames an
     encode takes (``fit_frames``)."""
     caps = vae.caps
     video = caps.temporal_ratio is not None
     x, _ = as_clip(caps, x)
-    x = image(x, caps.image_channels, caps.spatial_ratio_packed, video, input)
+    x = image(x, caps.image_channels, caps.spatial_ratio_packed, video, input, pixel_range)
     if not caps.can_encode:
         raise InputError("this VAE has no encoder (only a decoder file was loaded).", input="vae",
                          fix="load the matching *_encoder file too, or the pair by its stem name.")
     dims = 5 if video else 4
     if x.dim() == dims and x.shape[1] == 3 and caps.image_channels == 4:
-        x = torch.cat([x, x.new_ones(x[:, :1].shape)], dim=1)    # RGB into an RGBA VAE: opaque, as ComfyUI pads
+        x = torch.cat([x, x.new_full(x[:, :1].shape, pixel_range[1])], dim=1)   # RGB into RGBA: opaque, as ComfyUI pads
     if x.dim() != dims or x.shape[1] < caps.image_channels:
         what = "clips [B, C, frames, H, W]" if video else "images [B, C, H, W]"
         raise InputError(f"expected {what} with {caps.image_channels} channels, got shape {tuple(x.shape)}.",
@@ -264,7 +268,7 @@ def model_image(vae, x, input: str) -> torch.Tensor:
     divisible(*x.shape[-2:], caps.spatial_ratio_packed, vae.name, input)
     if video:
         x = x[:, :, : fit_frames(vae, x.shape[2], input)]
-    if not torch.isfinite(x).all():
+    if not all(math.isfinite(float(v)) for v in torch.aminmax(x)):     # a reduction: no copy of the clip
         raise InputError("the image contains NaN/Inf values.", input=input,
                          fix="check the node that produced the image.")
     return x

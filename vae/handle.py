@@ -129,10 +129,11 @@ class VAE:
             z = latents.unpack(z, self.caps.latent_pack)
         return z
 
-    def check_image(self, x: torch.Tensor, input: str = "pixels") -> torch.Tensor:
+    def check_image(self, x: torch.Tensor, input: str = "pixels",
+                    pixel_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
         """Validate images [B, C, H, W] (or clips [B, C, T, H, W] for a video VAE; a ``frames_in_batch``
-        model's one clip [T, C, H, W] becomes [1, C, T, H, W]) in 0..1 (vae/checks.py: model_image)."""
-        return checks.model_image(self, x, input)
+        model's one clip [T, C, H, W] becomes [1, C, T, H, W]) in ``pixel_range`` (vae/checks.py: model_image)."""
+        return checks.model_image(self, x, input, pixel_range)
 
     def _checked(self, op: str, options: dict, *given) -> tuple:
         """The call's keywords through the one check where they enter (vae/checks.py: call), in the order
@@ -164,19 +165,23 @@ class VAE:
             return (y.float() - lo) / (hi - lo)
         return fn
 
-    def encode_fn(self, posterior: bool = False, **options) -> Callable[..., torch.Tensor]:
-        """The encode of one tile: ``fn(pixels in 0..1, model=None)`` -> latent (float32); ``posterior``:
-        the posterior's mean and log-variance stacked in channels (vae/nn/posterior.py), which every
-        engine runs as a latent of twice the channels; ``options``: the model's own encode inputs
-        (``encode_options``)."""
-        lo, hi = self.caps.value_range
+    def encode_fn(self, posterior: bool = False, pixel_range: tuple[float, float] = (0.0, 1.0),
+                  **options) -> Callable[..., torch.Tensor]:
+        """The encode of one tile: ``fn(pixels in pixel_range, model=None)`` -> latent (float32);
+        ``posterior``: the posterior's mean and log-variance stacked in channels (vae/nn/posterior.py), which
+        every engine runs as a latent of twice the channels; ``options``: the model's own encode inputs
+        (``encode_options``). Pixels are mapped to the model's range tile by tile (never a copy of the
+        whole input), not at all where they are given in it."""
+        (a, b), (lo, hi) = pixel_range, self.caps.value_range
+        scale = (hi - lo) / (b - a)
         kw = {k: v for k, v in options.items() if k in self.caps.encode_options and v is not None}
         if posterior:
             kw["posterior"] = True
 
         def fn(t: torch.Tensor, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
             model = self.model if model is None else model
-            return model.encode(self._model_input(t, model) * (hi - lo) + lo, **kw).float()
+            t = self._model_input(t, model)
+            return model.encode(t if (a, b) == (lo, hi) else t * scale + (lo - a * scale), **kw).float()
         return fn
 
     def decode(self, z: torch.Tensor, tile: Tile = None, overlap: Optional[int] = None,
@@ -274,7 +279,8 @@ class VAE:
                progress: Optional[tiling.Progress] = None, out_device: DeviceLike = None,
                tile_frames: Optional[int] = None, overlap_frames: Optional[int] = None,
                mode: str = "fast", budget: Budget = None, offload: DeviceLike = None,
-               posterior: bool = False, **options) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+               posterior: bool = False, pixel_range: tuple[float, float] = (0.0, 1.0),
+               **options) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Images [B, C, H, W] (video: clips [B, C, T, H, W]) in 0..1 -> LATENT tensor (packed the way
         the model family's LATENTs are; SVD's one clip [T, C, H, W] -> [T, C, h, w]). A clip whose frame
         count does not fit the family's rule is encoded as core does (the frames past the last whole group
@@ -285,11 +291,12 @@ class VAE:
         ``posterior``: return ``(mean, logvar)``, the encoder's Gaussian posterior in the LATENT's layout
         and normalisation (``mean`` is what ``encode(x)`` returns; ``logvar`` is the log-variance of that
         normalised latent, clamped to [-30, 20] before the normalisation as diffusers clamps it), from
-        the same encoder output under any tiles and chunks. Families without one (TAESD) raise."""
+        the same encoder output under any tiles and chunks. Families without one (TAESD) raise.
+        ``pixel_range``: the range ``x`` is in, where not 0..1 (diffusers' -1..1): mapped tile by tile."""
         tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device = self._checked(
             "encode", options, tile, overlap, tile_frames, overlap_frames, mode, budget, offload, out_device)
         _, frames_in_batch = self._as_clip(x)
-        x = self.check_image(x)
+        x = self.check_image(x, pixel_range=pixel_range)
         if posterior and not self.caps.posterior:
             raise InputError(f"{self.name} has no Gaussian posterior: its encoder gives one latent, not a mean and "
                              "a log-variance.", input="posterior",
@@ -297,19 +304,19 @@ class VAE:
                                  "with a Gaussian posterior (a KL VAE, Wan, LTX, HunyuanVideo, ...).")
         with transfer.releasing(self.device):
             return self._encode(x, progress, out_device, tile, overlap, tile_frames, overlap_frames, mode, budget,
-                                offload, posterior, frames_in_batch, options)
+                                offload, posterior, frames_in_batch, options, pixel_range)
 
     def _encode(self, x, progress, out_device, tile, overlap, tile_frames, overlap_frames, mode, budget, offload,
-                posterior, frames_in_batch, options):
+                posterior, frames_in_batch, options, pixel_range=(0.0, 1.0)):
         if self.caps.own_tiling is not None:       # hook: the model's own tiles are its definition
-            z = defined.encode(self, x, progress, out_device, budget, posterior, tile=tile, overlap=overlap,
-                               tile_frames=tile_frames, overlap_frames=overlap_frames)
+            z = defined.encode(self, x, progress, out_device, budget, posterior, pixel_range, tile=tile,
+                               overlap=overlap, tile_frames=tile_frames, overlap_frames=overlap_frames)
             return self._latent_out(z, posterior)
         r = self.caps.spatial_ratio
         grid = (x.shape[-2] // r, x.shape[-1] // r)
         if self.is_video:
             grid = ((x.shape[2] - 1) // self.caps.temporal_ratio + 1,) + grid
-        with torch.inference_mode(), guard.Guard(self, "encode", self.encode_fn(posterior, **options)) as g:
+        with torch.inference_mode(), guard.Guard(self, "encode", self.encode_fn(posterior, pixel_range, **options)) as g:
             call = Call(False, x.shape, grid, tile, overlap, tile_frames, overlap_frames, mode, posterior)
             z = replan.planned(self, call, budget, out_device, offload, lambda c: self._engine(
                 g, x, c, progress, out_device, offload))

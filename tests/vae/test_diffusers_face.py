@@ -8,10 +8,13 @@ import sys
 import pytest
 import torch
 from safetensors.torch import save_file
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import vae
-from diffusers_face_common import (assert_budget_gives_one_pass, assert_decode_equal, assert_posterior_equal, close,
-                                   config_differences, pixels, save)
+
+from diffusers_face_common import (assert_budget_gives_one_pass, assert_decode_equal, assert_posterior_equal,
+                                   budget_between, close, config_differences, pixels, save)
 from helpers import diffusers_kl, diffusers_tiny, jitter_gammas
 from vae.errors import InputError, LoadError
 
@@ -103,6 +106,37 @@ def test_a_budget_below_one_pass_gives_one_pass(case, op, caplog):
     tile = max(side // 4, 4 * h.caps.spatial_ratio)      # the planner's smallest tiles are 4 latent pixels
     x = pixels(shape) if op == "encode" else torch.randn(shape)
     assert_budget_gives_one_pass(path, op, x, tile, caplog)
+
+
+class _WholeCopies(TorchDispatchMode):
+    """The ops that create a tensor of ``x``'s shape in storage of their own: copies of the whole input."""
+    def __init__(self, x):
+        super().__init__()
+        self.shape, self.storage, self.ops = tuple(x.shape), x.untyped_storage().data_ptr(), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if (torch.is_tensor(t) and t.is_floating_point() and tuple(t.shape) == self.shape and not t.is_meta
+                    and t.untyped_storage().data_ptr() != self.storage):
+                self.ops.append(func.__name__)
+        return out
+
+
+@pytest.mark.parametrize("name", ["wan21", "qwen"])
+def test_encode_maps_pixels_tile_by_tile_never_copying_the_whole_input(name, tmp_path):
+    """diffusers' pixels (-1..1) reach the model's range tile by tile: within a budget of small tiles the face
+    makes no copy of the whole input (which no plan of the budget counts), and gives the result without one."""
+    make, how, px, _ = CASES[name]
+    path = save(make(), how, tmp_path)
+    shape = tuple(px[:-2]) + (px[-2] * 4, px[-1] * 4)
+    x = pixels(shape)
+    one = vae.diffusers.load(path)
+    small = vae.diffusers.load(path, budget=budget_between(one, "encode", shape, 32))
+    with _WholeCopies(x) as seen:
+        got = small.encode(x).latent_dist.mean
+    assert seen.ops == []
+    close(got, one.encode(x).latent_dist.mean, 1e-5)
 
 
 @pytest.fixture(scope="module")

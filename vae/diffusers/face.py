@@ -127,7 +127,8 @@ class Face(torch.nn.Module):
         handle, family = self._handle, self._family
         options = family.encode_options(handle, given)
         ours = family.into(handle, "pixels", x, given)
-        out = handle.encode((ours + 1) / 2, **self._call("encode", ours.shape), posterior=family.posterior, **options)
+        out = handle.encode(ours, **self._call("encode", ours.shape), posterior=family.posterior,
+                            pixel_range=(-1.0, 1.0), **options)
         if family.posterior:
             moments = gaussian.gaussian(*out)
             shift, scale = self._normalisation(moments.dim())

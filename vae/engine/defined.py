@@ -259,7 +259,7 @@ def decode(vae, z: torch.Tensor, options: dict, progress: Optional[Progress], ou
 
 
 def encode(vae, x: torch.Tensor, progress: Optional[Progress], out_device, budget: Optional[int] = None,
-           posterior: bool = False, **given) -> torch.Tensor:
+           posterior: bool = False, pixel_range: tuple[float, float] = (0.0, 1.0), **given) -> torch.Tensor:
     """``vae.encode`` for a family whose tiles are its definition (the clip checked by the handle): the
     latent [B, C, ...] as the units give it (the handle packs it), or with ``posterior`` the mean and
     log-variance stacked in channels, blended alike (the references blend the encoder's moments)."""
@@ -269,7 +269,7 @@ def encode(vae, x: torch.Tensor, progress: Optional[Progress], out_device, budge
     note_ignored(vae, **given)
     out_device = torch.device(out_device or "cpu")
     check_budget(vae, plan, "encode", tuple(x.shape), budget, out_device)
-    with torch.inference_mode(), guard.Guard(vae, "encode", vae.encode_fn(posterior)) as g:
+    with torch.inference_mode(), guard.Guard(vae, "encode", vae.encode_fn(posterior, pixel_range)) as g:
         z = run(g.tiled(unit_grid(plan)), x, plan, out_device, progress)
         guard.require_finite(vae, z, "encode", x, {}, "pixels")
         return z
