@@ -1,0 +1,55 @@
+"""AutoencoderKLCosmos (Cosmos-1's CV8x8x8 tokenizer): ``encode`` gives the tokenizer's raw latent as an
+``IdentityDistribution`` and ``decode`` takes it; the pipelines normalise per channel and latent frame with
+``config.latents_mean`` / ``latents_std`` themselves. Our handle's LATENT carries that normalisation
+(ComfyUI's, vae/archs/cosmos.py), so the face switches it off in our model: its calls give and take z itself."""
+from __future__ import annotations
+
+import torch
+
+from ...archs import cosmos
+from ...archs import cosmos_layout as layout
+from .family import MISSING, Family
+
+# NVIDIA's CV8x8x8-1.0 statistics as diffusers' default config lists them: channel by channel, 16 latent frames each
+_PUBLISHED = dict(latents_mean=[v for row in layout.PUBLISHED_MEAN for v in row],
+                  latents_std=[v for row in layout.PUBLISHED_STD for v in row])
+
+
+def _cosmos_weights(cfg, caps) -> dict:
+    """The class's encoder widths are conv_in's then each level's; its decoder's each up level's, finest
+    first, then the mid block's (the class reverses them)."""
+    out = dict(in_channels=3, out_channels=3, latent_channels=cfg.latent_channels, num_layers=cfg.layers_per_block,
+               patch_size=cfg.patch, patch_type="haar", spatial_compression_ratio=cfg.ratio,
+               temporal_compression_ratio=cfg.ratio)
+    if cfg.has_encoder:
+        out["encoder_block_out_channels"] = [cfg.base, *cfg.widths]
+    if cfg.has_decoder:
+        out["decode_block_out_channels"] = [*cfg.decoder_widths, cfg.decoder_widths[-1]]
+    return out
+
+
+def _held_statistics(handle) -> dict:
+    """The file's latent statistics (ComfyUI's file holds NVIDIA's mean_std.pt): listed as diffusers lists the
+    published ones where they are those (float32-equal), else as the file has them. A file without any gets
+    the class's default (the published ones) for 16 channels; other widths need a folder or ``config=``."""
+    cfg = handle.config
+    if cfg.statistics == "none":
+        return dict(latents_mean=MISSING, latents_std=MISSING)
+    if cfg.statistics != "file":
+        return {}
+    out = {}
+    for key, buffer in (("latents_mean", "latent_mean"), ("latents_std", "latent_std")):
+        held = handle.model.get_buffer(buffer).detach().float().cpu()
+        published = torch.tensor(_PUBLISHED[key], dtype=torch.float32)
+        out[key] = list(_PUBLISHED[key]) if torch.equal(held, published) else held.tolist()
+    return out
+
+
+AUTOENCODER_KL_COSMOS = Family(
+    class_name="AutoencoderKLCosmos", arch="cosmos",
+    defaults=dict(in_channels=3, out_channels=3, latent_channels=16, encoder_block_out_channels=[128, 256, 512, 512],
+                  decode_block_out_channels=[256, 512, 512, 512], attention_resolutions=[32], resolution=1024,
+                  num_layers=2, patch_size=4, patch_type="haar", scaling_factor=1.0, spatial_compression_ratio=8,
+                  temporal_compression_ratio=8, **_PUBLISHED),
+    weights=_cosmos_weights, held=_held_statistics, posterior=False, identity=True, decode_args=("return_dict",),
+    prepare=lambda handle: cosmos.set_raw_latents(handle.model))
