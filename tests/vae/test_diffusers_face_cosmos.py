@@ -71,6 +71,23 @@ def test_encode_gives_the_class_identity_distribution(face, ref, shape):
     print(f"encode {shape}: max abs {worst:.1e}")
 
 
+def test_clip_lengths(ref, tmp_path):
+    """Clips of other lengths: where the class ignores the frames past the last group of 8 (1-4 of them), the
+    face agrees (dropping them, as ComfyUI does); where it makes them a latent frame (5-7), the face refuses."""
+    ref.save_pretrained(tmp_path / "vae")
+    face = vae.diffusers.load(tmp_path)
+    for frames in (5, 10, 13):
+        x = pixels((1, 3, frames, 16, 16))
+        with torch.no_grad():
+            close(face.encode(x).latent_dist.mode(), ref.encode(x).latent_dist.mode())
+    for frames in (6, 8, 16):
+        x = pixels((1, 3, frames, 16, 16))
+        with torch.no_grad():
+            assert ref.encode(x).latent_dist.mode().shape[2] == 2 + (frames - 1) // 8
+        with pytest.raises(InputError, match=f"a clip of {frames} frames"):
+            face.encode(x)
+
+
 @pytest.mark.parametrize("t", [1, 2, 3])
 def test_decode_equals_the_class(face, ref, t):
     """Raw latents in (random weights: outputs far outside [-1, 1], not clamped by either)."""

@@ -8,6 +8,7 @@ import torch
 
 from ...archs import cosmos
 from ...archs import cosmos_layout as layout
+from ...errors import InputError
 from .family import MISSING, Family
 
 # NVIDIA's CV8x8x8-1.0 statistics as diffusers' default config lists them: channel by channel, 16 latent frames each
@@ -45,6 +46,31 @@ def _held_statistics(handle) -> dict:
     return out
 
 
+def _class_latent_frames(cfg, frames: int) -> int:
+    """The latent frames the class gives a clip of ``frames``: its wavelet patch takes the first frame alone
+    and the rest in groups of ``patch`` (the last one partial), each level then halves them (the first alone)."""
+    n = 1 + -(-(frames - 1) // cfg.patch)
+    for _ in range(cfg.resample_levels):
+        n = (n + 1) // 2
+    return n
+
+
+def _check_frames(handle, what: str, t, given):
+    """A clip whose frames past the last group of ``ratio`` the class turns into a latent frame more (5-7 past
+    it, at 8x), which our encoder, as ComfyUI's, drops: refused. Other counts agree with the class."""
+    cfg = handle.config
+    if what == "pixels" and t.dim() == 5:
+        frames = t.shape[2]
+        ours = 1 + (frames - 1) // cfg.ratio
+        if _class_latent_frames(cfg, frames) != ours:
+            keep = 1 + (ours - 1) * cfg.ratio
+            raise InputError(f"a clip of {frames} frames: AutoencoderKLCosmos encodes its last {frames - keep} frames "
+                             "into a latent frame of their own, which the face does not compute (it encodes 1 + "
+                             f"{cfg.ratio}k frames, the rest dropped, as ComfyUI does).", input="x",
+                             fix=f"pass 1 + {cfg.ratio}k frames (e.g. the first {keep}), as the Cosmos pipelines do.")
+    return t
+
+
 AUTOENCODER_KL_COSMOS = Family(
     class_name="AutoencoderKLCosmos", arch="cosmos",
     defaults=dict(in_channels=3, out_channels=3, latent_channels=16, encoder_block_out_channels=[128, 256, 512, 512],
@@ -52,4 +78,4 @@ AUTOENCODER_KL_COSMOS = Family(
                   num_layers=2, patch_size=4, patch_type="haar", scaling_factor=1.0, spatial_compression_ratio=8,
                   temporal_compression_ratio=8, **_PUBLISHED),
     weights=_cosmos_weights, held=_held_statistics, posterior=False, identity=True, decode_args=("return_dict",),
-    prepare=lambda handle: cosmos.set_raw_latents(handle.model))
+    into=_check_frames, prepare=lambda handle: cosmos.set_raw_latents(handle.model))
