@@ -69,7 +69,8 @@ class Face(torch.nn.Module):
     # ---- what pipelines read ---------------------------------------------------------------------
     @property
     def handle(self) -> VAE:
-        """Our VAE handle underneath (its own conventions: pixels 0..1, ComfyUI's LATENTs)."""
+        """Our VAE handle underneath (its own conventions: pixels 0..1, ComfyUI's LATENTs), its model set to
+        compute as the class does (``Family.prepare``: LTX-Video's zero padding; Cosmos' raw latent as its LATENT)."""
         return self._handle
 
     @property
