@@ -116,7 +116,11 @@ def test_config_has_the_class_keys_and_values(face, ref):
 
 def test_the_file_and_the_folder_give_their_statistics(ref, tmp_path):
     """A file's own statistics, a folder's config.json's: in the config for the pipelines, while the latents
-    (raw, statistics-free) stay the class's."""
+    (raw, statistics-free) stay the class's. The published ones as diffusers lists them in any dtype (our model
+    holds them in its own)."""
+    save_file(_comfy_sd(ref), str(tmp_path / "published.safetensors"))
+    half = vae.diffusers.load(tmp_path / "published.safetensors", dtype=torch.bfloat16)
+    assert half.config.latents_mean == ref.config.latents_mean and half.config.latents_std == ref.config.latents_std
     mean, std = torch.rand(16, 16) - 0.5, torch.rand(16, 16) + 0.5
     save_file(_comfy_sd(ref, mean, std), str(tmp_path / COMFY_FILE))
     face = vae.diffusers.load(tmp_path / COMFY_FILE)

@@ -4,12 +4,16 @@
 (ComfyUI's, vae/archs/cosmos.py), so the face switches it off in our model: its calls give and take z itself."""
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ...archs import cosmos
 from ...archs import cosmos_layout as layout
 from ...errors import InputError
 from .family import MISSING, Family
+
+log = logging.getLogger("VAEKit")
 
 # NVIDIA's CV8x8x8-1.0 statistics as diffusers' default config lists them: channel by channel, 16 latent frames each
 _PUBLISHED = dict(latents_mean=[v for row in layout.PUBLISHED_MEAN for v in row],
@@ -40,9 +44,17 @@ def _held_statistics(handle) -> dict:
         return {}
     out = {}
     for key, buffer in (("latents_mean", "latent_mean"), ("latents_std", "latent_std")):
-        held = handle.model.get_buffer(buffer).detach().float().cpu()
-        published = torch.tensor(_PUBLISHED[key], dtype=torch.float32)
-        out[key] = list(_PUBLISHED[key]) if torch.equal(held, published) else held.tolist()
+        held = handle.model.get_buffer(buffer).detach().cpu()
+        # our model holds them in its dtype: compare the published ones rounded alike
+        published = torch.tensor(_PUBLISHED[key], dtype=torch.float32).to(held.dtype)
+        if torch.equal(held, published):
+            out[key] = list(_PUBLISHED[key])
+            continue
+        out[key] = held.float().tolist()
+        if held.dtype != torch.float32:
+            log.warning("VAEKit: %s's latent statistics are not the published ones; the face's config.%s has them "
+                        "rounded to %s, the dtype it was loaded in (load it in float32, or pass its folder or "
+                        "config=, for the file's values).", handle.name, key, held.dtype)
     return out
 
 
