@@ -148,7 +148,10 @@ class Unpatcher(Patcher):
 
 class CosmosVAE(ldm.Autoencoder):
     """encode: (B, 3, 1+8k, H, W) in [-1, 1] -> the tokenizer's latent z (B, 16, 1+k, H/8, W/8); decode: z ->
-    (B, 3, 1+8(t-1), 8h, 8w) in [-1, 1] (not clamped). ``finish_encode`` / ``prepare_decode``: z <-> the LATENT."""
+    (B, 3, 1+8(t-1), 8h, 8w) in [-1, 1] (not clamped). ``finish_encode`` / ``prepare_decode``: z <-> the LATENT,
+    or z unchanged where ``raw_latents`` (set_raw_latents)."""
+
+    raw_latents = False
 
     def __init__(self, cfg: CosmosConfig):
         z, pixels, n = cfg.latent_channels, 3 * cfg.patch ** 3, cfg.resample_levels
@@ -190,12 +193,22 @@ class CosmosVAE(ldm.Autoencoder):
         return table(self.latent_mean), table(self.latent_std)
 
     def prepare_decode(self, z: torch.Tensor) -> torch.Tensor:
+        if self.raw_latents:
+            return z
         mean, std = self._statistics(z)
         return torch.addcmul(mean, z.float() / SIGMA_DATA, std).to(z.dtype)
 
     def finish_encode(self, z: torch.Tensor) -> torch.Tensor:
+        if self.raw_latents:
+            return z
         mean, std = self._statistics(z)
         return (z.float() - mean).div_(std).mul_(SIGMA_DATA).to(z.dtype)
+
+
+def set_raw_latents(model: CosmosVAE, raw: bool = True) -> None:
+    """encode gives and decode takes the tokenizer's latent z itself, not the LATENT: diffusers'
+    AutoencoderKLCosmos does, and its pipelines normalise per channel and frame themselves."""
+    model.raw_latents = raw
 
 
 def config_from_state_dict(sd, name_hint: Optional[str] = None) -> CosmosConfig:

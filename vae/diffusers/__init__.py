@@ -7,7 +7,8 @@ file does, every call exact within a budget. diffusers itself is never imported.
 """
 from .face import Face, FrozenConfig
 from .families import FAMILIES, Family
-from .posterior import DiagonalGaussianDistribution, Output
+from .posterior import DiagonalGaussianDistribution, IdentityDistribution, Output
 from .source import load
 
-__all__ = ["load", "Face", "FrozenConfig", "Family", "FAMILIES", "DiagonalGaussianDistribution", "Output"]
+__all__ = ["load", "Face", "FrozenConfig", "Family", "FAMILIES", "DiagonalGaussianDistribution",
+           "IdentityDistribution", "Output"]

@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..handle import VAE
 from ..nn import posterior as gaussian
 from .families import Family
-from .posterior import DiagonalGaussianDistribution, Output
+from .posterior import DiagonalGaussianDistribution, IdentityDistribution, Output
 
 # top-level modules pipelines read only the dtype of (SDXL: ``vae.post_quant_conv.parameters()``)
 DTYPE_PROBES = ("post_quant_conv",)
@@ -69,7 +69,8 @@ class Face(torch.nn.Module):
     # ---- what pipelines read ---------------------------------------------------------------------
     @property
     def handle(self) -> VAE:
-        """Our VAE handle underneath (its own conventions: pixels 0..1, ComfyUI's LATENTs)."""
+        """Our VAE handle underneath (its own conventions: pixels 0..1, ComfyUI's LATENTs), its model set to
+        compute as the class does (``Family.prepare``: LTX-Video's zero padding; Cosmos' raw latent as its LATENT)."""
         return self._handle
 
     @property
@@ -119,7 +120,8 @@ class Face(torch.nn.Module):
 
     # ---- calls ------------------------------------------------------------------------------------
     def encode(self, x: torch.Tensor, *args, **kwargs):
-        """The class's encode: ``encode(x, return_dict=True)``, or with the class's own inputs (LTX-2's ``causal``)."""
+        """The class's encode: ``encode(x, return_dict=True)``, or with the class's own inputs (LTX-2's ``causal``);
+        ``latent_dist`` a Gaussian, or the latent as an ``IdentityDistribution`` (Cosmos), else ``latents``."""
         given = _bind(self._family.encode_args, args, kwargs, "encode")
         return_dict = given.pop("return_dict", True)
         _no_gradients(x, "encode")
@@ -139,16 +141,17 @@ class Face(torch.nn.Module):
         else:
             shift, scale = self._normalisation(out.dim())
             out = out if shift is None else (out - shift) * scale
-            result = Output(latents=self._out(family.out_of(handle, "latent", out, {})))
+            latents = self._out(family.out_of(handle, "latent", out, {}))
+            result = Output(latent_dist=IdentityDistribution(latents)) if family.identity else Output(latents=latents)
         return result if return_dict else result.to_tuple()
 
     @property
     def _encode(self):
         """The classes' private ``_encode(x)``, which trainers call to cache the posterior's moments
         (finetrainers' latent precompute): ``[mean; log-variance]`` in channels, as ``encode`` would wrap them
-        (the log-variance clamped, see ``DiagonalGaussianDistribution``). Only where the class has it: the
-        Gaussian classes, not AutoencoderTiny."""
-        if not self._family.posterior:
+        (the log-variance clamped, see ``DiagonalGaussianDistribution``); an ``IdentityDistribution``'s
+        latent. Only where the class has it: not AutoencoderTiny."""
+        if not (self._family.posterior or self._family.identity):
             raise AttributeError(f"{self._family.class_name} has no _encode; call encode(x).latents.")
         return lambda x: self.encode(x).latent_dist.parameters
 
@@ -173,7 +176,7 @@ class Face(torch.nn.Module):
         """Encode then decode, as the classes' ``forward``: the posterior's sample (``sample_posterior``) or
         mode; the class's own inputs go to decode (their defaults the class's forward's)."""
         given = {**self._family.forward_defaults, **_bind(self._family.forward_args, args, kwargs, "forward")}
-        if not self._family.posterior:
+        if not (self._family.posterior or self._family.identity):
             raise InputError(f"{self._family.class_name}'s forward stores its latents as 8-bit values between encode "
                              "and decode; the face does not round latents.", input="forward",
                              fix="call encode(x).latents, then decode(...).")

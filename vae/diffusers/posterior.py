@@ -1,7 +1,7 @@
 """What diffusers' VAE classes return, as their callers read it: the Gaussian posterior with diffusers'
 ``DiagonalGaussianDistribution`` semantics (its attributes, ``sample(generator)`` drawing the same numbers
-from the same generator as diffusers' ``randn_tensor``, ``mode()``, ``kl()``, ``nll()``) and the output
-records (``.latent_dist`` / ``.latents`` / ``.sample``, indexable like a tuple)."""
+from the same generator as diffusers' ``randn_tensor``, ``mode()``, ``kl()``, ``nll()``), the deterministic
+``IdentityDistribution`` and the output records (``.latent_dist`` / ``.latents`` / ``.sample``, indexable like a tuple)."""
 from __future__ import annotations
 
 import math
@@ -72,6 +72,20 @@ class DiagonalGaussianDistribution:
         if self.deterministic:
             return torch.Tensor([0.0])
         return 0.5 * (math.log(2.0 * math.pi) + self.logvar + (sample - self.mean).pow(2) / self.var).sum(dim=list(dims))
+
+
+class IdentityDistribution:
+    """A deterministic encoder's latent as diffusers' ``IdentityDistribution`` (AutoencoderKLCosmos' ``latent_dist``):
+    ``parameters`` is the latent, and ``sample(generator)`` and ``mode()`` give it unchanged."""
+
+    def __init__(self, parameters: torch.Tensor):
+        self.parameters = parameters
+
+    def sample(self, generator: Generator = None) -> torch.Tensor:
+        return self.parameters
+
+    def mode(self) -> torch.Tensor:
+        return self.parameters
 
 
 class Output(dict):

@@ -79,10 +79,10 @@ def choose(handle: VAE, class_name: Optional[str], hint: str) -> Family:
 
 
 def class_config(family: Family, handle: VAE, hint: str, saved: Mapping[str, Any], given: Mapping[str, Any]) -> dict:
-    """The class's config: its defaults, what the weights decide, what the file name tells, then a folder's
-    config.json and the caller's ``config``, which may not contradict the weights."""
+    """The class's config: its defaults, what the weights decide, what the file name tells and the file holds,
+    then a folder's config.json and the caller's ``config``, which may not contradict the weights."""
     weights = family.weights(handle.config, handle.caps)
-    config = {**family.defaults, **weights, **family.named(handle.config, hint)}
+    config = {**family.defaults, **weights, **family.named(handle.config, hint), **family.held(handle)}
     unknown = sorted(set(given) - set(family.defaults))
     if unknown:
         raise InputError(f"{family.class_name}'s config has no {', '.join(unknown)}.", input="config",

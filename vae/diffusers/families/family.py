@@ -32,7 +32,12 @@ class Family:
     serves: Callable[[Any], bool] = lambda cfg: True      # which of the arch's files (by our config)
     names: tuple[str, ...] = ()             # file-name words that choose this class among several for one arch
     named: Callable[[Any, str], dict] = lambda cfg, name: {}     # config values a file name tells
+    # config values the loaded file holds beside its shapes (Cosmos' latent statistics): (handle) -> dict;
+    # a folder's config.json or ``config=`` may replace them, as the file name's
+    held: Callable[[Any], dict] = lambda handle: {}
     posterior: bool = True                  # encode gives ``latent_dist`` (a Gaussian), else ``latents``
+    # without a Gaussian: encode gives ``latent_dist``, an ``IdentityDistribution`` of the latent (Cosmos)
+    identity: bool = False
     clamps: bool = False                    # decode clamps to [-1, 1], as the class does
     normalise: Callable[[Any], Optional[tuple[Number, Number]]] = lambda handle: None
     attributes: Callable[[Mapping[str, Any]], dict] = lambda config: {}
