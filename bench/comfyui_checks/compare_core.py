@@ -13,7 +13,7 @@ Core runs in a subprocess under ``--python`` (ComfyUI's venv; CPU, fp32 unless a
 this file with ``--worker``), ours in this process. Rows: max and mean abs difference and the max over the
 larger side's largest magnitude; pixels 0..1 for decode, LATENTs for encode. ``parity`` rows compare the
 same computation (``--check`` fails on them); the others show where the references differ, each with the
-documented reason (``--list``).
+documented reason (``--list``: docs/core_differences.md).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+DIFFERENCES = ROOT / "docs" / "core_differences.md"      # each family's documented differences (--list)
 sys.path[:0] = [str(HERE.parent), str(HERE)]           # bench/: the shared harness; here: the families
 from harness import comfy_core  # noqa: E402
 from core_families import FAMILIES  # noqa: E402
@@ -196,6 +197,12 @@ def dry(names) -> None:
             print(f"{name}: ours {', '.join(h.name for h in run.ours.values())}; {'; '.join(shapes)}", flush=True)
 
 
+def differences() -> dict[str, str]:
+    """docs/core_differences.md by its ``## FAMILY`` sections: family -> the section's text."""
+    sections = (part.partition("\n") for part in DIFFERENCES.read_text().split("\n## ")[1:])
+    return {name.strip(): text.strip() for name, _, text in sections}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(FAMILIES))
@@ -227,8 +234,9 @@ def main(argv=None) -> None:
         w = Worker(a)
         return {"files": w.fam.core_files, **w.fam.workers}.get(a.worker, core_worker)(w)
     if a.list:
+        docs = differences()
         for name, fam in FAMILIES.items():
-            print(f"{name}: {fam.title}\n    " + fam.doc.strip().replace("\n", "\n    ") + "\n")
+            print(f"{name}: {fam.title}\n    " + docs[name].replace("\n", "\n    ") + "\n")
         return
     sys.path.insert(0, str(ROOT))
     if a.dry:

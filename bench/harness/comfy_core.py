@@ -108,10 +108,9 @@ class Family:
     ``core_extra(w)`` (a ``Worker``) for the outputs only one family has; ``workers``: its other steps
     under core's python. Ours: ``load(run, path)`` (default ``vae.load``), ``case_rows(run, name, case)``
     per case (default: ``run.core_row``), then ``rows(run)``. ``dry()`` -> (files, cases) at a tiny size,
-    ours only. ``doc``: the published config, how core builds it and every documented difference, printed
-    by ``--list``."""
+    ours only. The published config, how core builds it and every documented difference: the family's
+    section of docs/core_differences.md."""
     title: str
-    doc: str
     cases: dict = field(default_factory=dict)
     quick: tuple = ()
     seed: int = 0
