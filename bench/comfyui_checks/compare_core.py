@@ -121,21 +121,24 @@ def cases_of(fam, variant: str) -> dict:
     return fam.cases(variant) if callable(fam.cases) else fam.cases
 
 
-def write_files(run: Run) -> list[str]:
-    """The family's files in ``run.d`` (built here, or by core's classes in a worker); their names."""
+def save_files(d: Path, files: dict) -> list[str]:
+    """Every file of ``files`` (name -> tensors, (tensors, metadata), or None: a file written already) in ``d``,
+    and files.json naming them; their names."""
     from safetensors.torch import save_file
-    fam = run.fam
-    if fam.core_files:
-        run.call("files")
-        return json.loads((run.d / "files.json").read_text())
-    names = []
-    for name, tensors in fam.files(run).items():       # None: a file the family wrote itself
+    for name, tensors in files.items():
         sd, meta = tensors if isinstance(tensors, tuple) else (tensors, None)
         if sd is not None:
-            save_file({k: t.contiguous() for k, t in sd.items()}, str(run.d / name), metadata=meta)
-        names.append(name)
-    (run.d / "files.json").write_text(json.dumps(names))
-    return names
+            save_file({k: t.contiguous() for k, t in sd.items()}, str(d / name), metadata=meta)
+    (d / "files.json").write_text(json.dumps(list(files)))
+    return list(files)
+
+
+def write_files(run: Run) -> list[str]:
+    """The family's files in ``run.d`` (built here, or by core's classes in a worker); their names."""
+    if run.fam.core_files:
+        run.call("files")
+        return json.loads((run.d / "files.json").read_text())
+    return save_files(run.d, run.fam.files(run))
 
 
 def load_ours(run: Run, name: str):
@@ -149,8 +152,7 @@ def compare(a, name: str, variant: str = "") -> list[dict]:
     fam = FAMILIES[name]
     with tempfile.TemporaryDirectory(prefix=f"cmp_{name}_", dir=a.tmp) as tmp:
         run = Run(a, name, Path(tmp), variant)
-        write_files(run)
-        files = json.loads((run.d / "files.json").read_text())
+        files = write_files(run)
         every = cases_of(fam, variant)
         cases = {k: c for k, c in every.items() if not a.quick or not fam.quick or k in fam.quick}
         run.inputs = {k: x for k, x in comfy_core.draw(every, fam.seed, fam.extra_inputs).items()
@@ -232,7 +234,8 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if a.worker:
         w = Worker(a)
-        return {"files": w.fam.core_files, **w.fam.workers}.get(a.worker, core_worker)(w)
+        steps = {"files": lambda w: save_files(w.d, w.fam.core_files(w)), **w.fam.workers}
+        return steps.get(a.worker, core_worker)(w)
     if a.list:
         docs = differences()
         for name, fam in FAMILIES.items():

@@ -16,7 +16,7 @@ import torch
 
 from harness import comfy_core, module_at, repo_on_path
 from core_dropin import DROP_IN
-from harness.comfy_core import CLIP_CLAMPED, FRAMES, IMAGE_CLAMPED, SOCKET, Case, Family, core_vae
+from harness.comfy_core import CLIP_CLAMPED, FRAMES, IMAGE_CLAMPED, SOCKET, Case, Family, cases, core_vae
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 0
@@ -69,8 +69,9 @@ def exact_row(run, k: str, c: Case, tile: int) -> None:
     run.table.add(f"{k} exact {tile} px tiles", y, run.core[k], "vs core", True, c.op)
 
 
-def _dry(files: dict, **cases) -> tuple[dict, dict]:
-    return files, {k: Case(*c) for k, c in cases.items()}
+def _dry(files: dict, decode: tuple, encode: tuple) -> tuple[dict, dict]:
+    """``Family.dry``'s answer: the files and one decode and one encode of these shapes."""
+    return files, cases({"decode": decode, "encode": encode})
 
 
 def _outside(raw: torch.Tensor) -> str:
@@ -111,17 +112,14 @@ def _cogvideox_case(run, k: str, c: Case) -> None:
 def _cogvideox_dry():
     import diffusers
     m = diffusers_jittered(diffusers.AutoencoderKLCogVideoX, block_out_channels=(32,) * 4, layers_per_block=1)
-    return _dry({"cogvideox.safetensors": m.state_dict()}, decode=("decode", (1, 16, 3, 4, 4)),
-                encode=("encode", (1, 3, 5, 32, 32)))
+    return _dry({"cogvideox.safetensors": m.state_dict()}, (1, 16, 3, 4, 4), (1, 3, 5, 32, 32))
 
 
 COGVIDEOX = Family(
     title="CogVideoX VAE (core: comfy/ldm/cogvideo/vae.py), published config, random weights (seed 0)",
-    cases={"decode_t1": Case("decode", (1, 16, 1, 8, 8)), "decode_t3": Case("decode", (1, 16, 3, 4, 4)),
-           "decode_t4": Case("decode", (1, 16, 4, 4, 4)), "decode_t13": Case("decode", (1, 16, 13, 4, 4)),
-           "encode_T1": Case("encode", (1, 3, 1, 64, 64)), "encode_T5": Case("encode", (1, 3, 5, 32, 32)),
-           "encode_T9": Case("encode", (1, 3, 9, 32, 32)), "encode_T17": Case("encode", (1, 3, 17, 32, 32)),
-           "encode_T49": Case("encode", (1, 3, 49, 32, 32))},
+    cases=cases({"decode_t1": (1, 16, 1, 8, 8), "decode_t3": (1, 16, 3, 4, 4), "decode_t4": (1, 16, 4, 4, 4),
+                 "decode_t13": (1, 16, 13, 4, 4), "encode_T1": (1, 3, 1, 64, 64), "encode_T5": (1, 3, 5, 32, 32),
+                 "encode_T9": (1, 3, 9, 32, 32), "encode_T17": (1, 3, 17, 32, 32), "encode_T49": (1, 3, 49, 32, 32)}),
     quick=("decode_t1", "decode_t3", "encode_T1", "encode_T5", "encode_T9"),
     files=_cogvideox_files, core_extra=_cogvideox_core, case_rows=_cogvideox_case, dry=_cogvideox_dry)
 
@@ -174,15 +172,13 @@ def _cosmos_case(run, k: str, c: Case) -> None:
 def _cosmos_dry():
     weights, _ = cosmos_weights(encoder_block_out_channels=(8, 8, 16, 16), decode_block_out_channels=(8, 16, 16, 16),
                                 num_layers=1)
-    return _dry({"cosmos.safetensors": weights}, decode=("decode", (1, 16, 2, 2, 2)),
-                encode=("encode", (1, 3, 9, 16, 16)))
+    return _dry({"cosmos.safetensors": weights}, (1, 16, 2, 2, 2), (1, 3, 9, 16, 16))
 
 
 COSMOS = Family(
     title="Cosmos-1 tokenizer CV8x8x8 (core: comfy/ldm/cosmos/vae.py), published config, random weights (seed 0)",
-    cases={"decode_t1": Case("decode", (1, 16, 1, 8, 8)), "decode_t3": Case("decode", (1, 16, 3, 4, 6)),
-           "decode_t18": Case("decode", (1, 16, 18, 2, 2)), "encode_T1": Case("encode", (1, 3, 1, 64, 64)),
-           "encode_T9": Case("encode", (1, 3, 9, 32, 48)), "encode_T17": Case("encode", (1, 3, 17, 32, 32))},
+    cases=cases({"decode_t1": (1, 16, 1, 8, 8), "decode_t3": (1, 16, 3, 4, 6), "decode_t18": (1, 16, 18, 2, 2),
+                 "encode_T1": (1, 3, 1, 64, 64), "encode_T9": (1, 3, 9, 32, 48), "encode_T17": (1, 3, 17, 32, 32)}),
     quick=("decode_t1", "decode_t3", "encode_T1", "encode_T9"),
     files=_cosmos_files, core_extra=_cosmos_core, case_rows=_cosmos_case, dry=_cosmos_dry)
 
@@ -253,15 +249,14 @@ def _seedvr2_rows(run) -> None:
 
 SEEDVR2_FAMILY = Family(
     title="SeedVR2 VAE (core: comfy/ldm/seedvr/vae.py), published config, random weights (seed 0)",
-    cases={"decode_t1": Case("decode", (1, 16, 1, 8, 8)), "decode_t5": Case("decode", (1, 16, 5, 8, 8)),
-           "encode_T1": Case("encode", (1, 3, 1, 64, 64)), "encode_T17": Case("encode", (1, 3, 17, 64, 64)),
-           "encode_T11": Case("encode", (1, 3, 11, 64, 64)),
-           "tiles_decode": Case("decode", (1, 16, 1, 80, 80)), "tiles_encode": Case("encode", (1, 3, 1, 640, 640))},
+    cases=cases({"decode_t1": (1, 16, 1, 8, 8), "decode_t5": (1, 16, 5, 8, 8), "encode_T1": (1, 3, 1, 64, 64),
+                 "encode_T17": (1, 3, 17, 64, 64), "encode_T11": (1, 3, 11, 64, 64),
+                 "tiles_decode": (1, 16, 1, 80, 80), "tiles_encode": (1, 3, 1, 640, 640)}),
     quick=("decode_t1", "decode_t5", "encode_T1", "encode_T17", "encode_T11"),
     files=lambda run: {"seedvr2_ema_vae.safetensors": seedvr2_weights()}, core_extra=_seedvr2_core,
     case_rows=_seedvr2_case, rows=_seedvr2_rows,
     dry=lambda: _dry({"seedvr2.safetensors": seedvr2_weights(widths=(32,) * 4, layers_per_block=1)},
-                     decode=("decode", (1, 16, 2, 4, 4)), encode=("encode", (1, 3, 5, 32, 32))))
+                     (1, 16, 2, 4, 4), (1, 3, 5, 32, 32)))
 
 
 # ---- Stable Video Diffusion -----------------------------------------------------------------------
@@ -396,16 +391,15 @@ def _svd_rows(run) -> None:
 SVD_FAMILY = Family(
     title="Stable Video Diffusion VAE (core: AutoencodingEngine + temporal_ae.VideoDecoder), published config, "
           "random weights (seed 0)",
-    cases={"decode_T1": Case("decode", (1, 4, 8, 8)), "decode_T4": Case("decode", (4, 4, 8, 8)),
-           "decode_T14": Case("decode", (14, 4, 8, 8)), "encode_T1": Case("encode", (1, 64, 64, 3)),
-           "encode_T5": Case("encode", (5, 64, 64, 3)), "decode_T25": Case("decode", (25, 4, 8, 8)),
-           "tiles_decode": Case("decode", (4, 4, 24, 24))},
+    cases=cases({"decode_T1": (1, 4, 8, 8), "decode_T4": (4, 4, 8, 8), "decode_T14": (14, 4, 8, 8),
+                 "encode_T1": (1, 64, 64, 3), "encode_T5": (5, 64, 64, 3), "decode_T25": (25, 4, 8, 8),
+                 "tiles_decode": (4, 4, 24, 24)}),
     quick=("decode_T1", "decode_T4", "decode_T14", "encode_T1", "encode_T5"), io=FRAMES,
     files=_svd_files, core_extra=_svd_core, case_rows=_svd_case, rows=_svd_rows,
     options=lambda g: g.add_argument("--original", help="svd: a Stability-AI/generative-models checkout"),
     dry=lambda: _dry({"svd.safetensors": svd_original_layout(svd_model(block_out_channels=(32,) * 4,
                                                                        layers_per_block=2).state_dict())},
-                     decode=("decode", (2, 4, 4, 4)), encode=("encode", (2, 32, 32, 3))))
+                     (2, 4, 4, 4), (2, 32, 32, 3)))
 
 
 # ---- Stable Cascade stage A ------------------------------------------------------------------------
@@ -490,11 +484,10 @@ def _stage_a_rows(run) -> None:
 STAGE_A = Family(
     title="Stable Cascade stage A (core: comfy/ldm/cascade/stage_a.py), published config, random weights "
           "(seed 0), latent 64x48 (256x192 px)",
-    cases={"decode": Case("decode", (1, 4, 64, 48)), "encode": Case("encode", (1, 3, 256, 192))}, seed=SEED + 1,
+    cases=cases({"decode": (1, 4, 64, 48), "encode": (1, 3, 256, 192)}), seed=SEED + 1,
     io=IMAGE_CLAMPED, files=lambda run: {"stage_a.safetensors": stage_a_weights()}, core_extra=_stage_a_core,
     case_rows=_stage_a_case, rows=_stage_a_rows,
-    dry=lambda: _dry({"stage_a.safetensors": stage_a_weights((16, 32), 1, 64)}, decode=("decode", (1, 4, 8, 8)),
-                     encode=("encode", (1, 3, 32, 32))))
+    dry=lambda: _dry({"stage_a.safetensors": stage_a_weights((16, 32), 1, 64)}, (1, 4, 8, 8), (1, 3, 32, 32)))
 
 
 # ---- the TAEHV family ------------------------------------------------------------------------------
@@ -552,10 +545,8 @@ def _taehv_cases() -> dict:
     out = {}
     for name, (latent, patch, _, _, t, frames) in TAEHV.items():
         h, f, p = TAEHV_PIXELS // (8 * patch), f"{name}.safetensors", TAEHV_PIXELS
-        out.update({f"{name} decode t=1": Case("decode", (1, latent, 1, h, h), f),
-                    f"{name} decode t={t}": Case("decode", (1, latent, t, h, h), f),
-                    f"{name} encode T=1": Case("encode", (1, 3, 1, p, p), f),
-                    f"{name} encode T={frames}": Case("encode", (1, 3, frames, p, p), f)})
+        out.update(cases({f"{name} decode t=1": (1, latent, 1, h, h), f"{name} decode t={t}": (1, latent, t, h, h),
+                          f"{name} encode T=1": (1, 3, 1, p, p), f"{name} encode T={frames}": (1, 3, frames, p, p)}, f))
     return out
 
 
@@ -643,9 +634,8 @@ TAEHV_FAMILY = Family(
           "fp32 compute, 64x64 px",
     cases=_taehv_cases(), io=CLIP_CLAMPED, files=_taehv_files, core_extra=_taehv_core, case_rows=_taehv_case,
     rows=_taehv_rows, options=lambda g: g.add_argument("--reference", help="taehv: a copy of madebyollin's taehv.py"),
-    dry=lambda: _dry({f"{n}.safetensors": taehv_weights(n, encoder_width=8, decoder_widths=(16, 8, 8, 8))
-                      for n in TAEHV},
-                     **{k: (c.op, c.shape, c.file) for k, c in _taehv_cases().items() if "=1" in k}))
+    dry=lambda: ({f"{n}.safetensors": taehv_weights(n, encoder_width=8, decoder_widths=(16, 8, 8, 8)) for n in TAEHV},
+                 {k: c for k, c in _taehv_cases().items() if "=1" in k}))
 
 
 # ---- HunyuanImage 2.1 and 3.0 ----------------------------------------------------------------------
@@ -680,13 +670,14 @@ def _hy_engine(a, variant: str):
                               decoder_config={"target": f"{c['module']}.Decoder", "params": ddconfig})
 
 
-def _hy_files(w) -> None:
-    """Core's model of each variant, every tensor drawn, in core's file layout (= Tencent's names)."""
+def _hy_files(w) -> dict:
+    """Core's model of each variant, every tensor drawn, in core's file layout (= Tencent's names); each file
+    written as soon as it is drawn (one variant's tensors held at a time)."""
     from safetensors.torch import save_file
     for variant in HUNYUAN_IMAGE:
         shapes = {k: p.shape for k, p in _hy_engine(w.a, variant).state_dict().items()}
         save_file({k: t.contiguous() for k, t in drawn(shapes).items()}, str(w.d / _hy_file(variant)))
-    (w.d / "files.json").write_text(json.dumps([_hy_file(v) for v in HUNYUAN_IMAGE]))
+    return {_hy_file(v): None for v in HUNYUAN_IMAGE}
 
 
 def _hy_crop(image: torch.Tensor, r: int) -> torch.Tensor:
@@ -785,19 +776,17 @@ def _hy_dry():
                            block_out_channels=(32, 32, 64, 64, 128, 128), layers_per_block=1,
                            spatial_compression_ratio=32, sample_size=384)
     sd = hunyuan_image_layout.to_original(vae.from_state_dict(m.state_dict()).state_dict())
-    return _dry({_hy_file("2.1"): sd}, decode=("decode", (1, 64, 2, 2)), encode=("encode", (1, 64, 64, 3)))
+    return _dry({_hy_file("2.1"): sd}, (1, 64, 2, 2), (1, 64, 64, 3))
 
 
 HUNYUAN_IMAGE_FAMILY = Family(
     title="HunyuanImage 2.1 and 3.0 VAEs (core: hunyuan_video/vae.py, vae_refiner.py refiner_vae=False)",
-    cases={"2.1 decode 3x4": Case("decode", (1, 64, 3, 4), _hy_file("2.1")),
-           "2.1 decode 2x2, batch 2": Case("decode", (2, 64, 2, 2), _hy_file("2.1")),
-           "2.1 encode 96x128": Case("encode", (1, 96, 128, 3), _hy_file("2.1")),
-           "2.1 encode 100x70 (centre-cropped)": Case("encode", (1, 100, 70, 3), _hy_file("2.1")),
-           "3.0 decode 1x32x1x4x3": Case("decode", (1, 32, 1, 4, 3), _hy_file("3.0")),
-           "3.0 decode 2x32x1x2x2": Case("decode", (2, 32, 1, 2, 2), _hy_file("3.0")),
-           "3.0 encode 64x48": Case("encode", (1, 64, 48, 3), _hy_file("3.0")),
-           "3.0 encode 2x40x50 (centre-cropped)": Case("encode", (2, 40, 50, 3), _hy_file("3.0"))},
+    cases={**cases({"2.1 decode 3x4": (1, 64, 3, 4), "2.1 decode 2x2, batch 2": (2, 64, 2, 2),
+                    "2.1 encode 96x128": (1, 96, 128, 3), "2.1 encode 100x70 (centre-cropped)": (1, 100, 70, 3)},
+                   _hy_file("2.1")),
+           **cases({"3.0 decode 1x32x1x4x3": (1, 32, 1, 4, 3), "3.0 decode 2x32x1x2x2": (2, 32, 1, 2, 2),
+                    "3.0 encode 64x48": (1, 64, 48, 3), "3.0 encode 2x40x50 (centre-cropped)": (2, 40, 50, 3)},
+                   _hy_file("3.0"))},
     seed=SEED + 1, io=SOCKET, core_files=_hy_files, core_build=_hy_core_build,
     load=pack_load, case_rows=_hy_case, relative_encode=True, dry=_hy_dry)
 
@@ -809,20 +798,18 @@ MAGE_BF16 = ("decode 40x36 (2x2 windows)", "encode 64x80")                # also
 MAGE_EXACT = ("decode 40x36 (2x2 windows)", "encode 650x590 (centre-cropped)")   # also with exact 512 px tiles
 
 
-def _mage_files(w) -> None:
+def _mage_files(w) -> dict:
     """Core's published MageVAE, every tensor drawn, in the file layout the templates load (plus two
     tensors of the Flux.2 anchor encoder, which both loaders must drop)."""
     comfy_core.start(w.a.comfyui)
     import comfy.ldm.mage_flow.vae as mage
-    from safetensors.torch import save_file
     shapes = {k: p.shape for k, p in mage.MageVAE().state_dict().items()}
     sd = {("student." if k.startswith("dconv_encoder.") else "") + k.replace("decoder_model.", "pipeline.", 1): t
           for k, t in drawn(shapes).items()}
     g = torch.Generator().manual_seed(SEED)
     sd["pipeline.y_embedder.encoder.conv_in.weight"] = torch.randn(128, 3, 3, 3, generator=g)
     sd["pipeline.y_embedder.bottleneck.weight"] = torch.randn(128, 64, 1, 1, generator=g)
-    save_file({k: t.contiguous() for k, t in sd.items()}, str(w.d / MAGE_FILE))
-    (w.d / "files.json").write_text(json.dumps([MAGE_FILE]))
+    return {MAGE_FILE: sd}
 
 
 def _mage_core(w) -> None:
@@ -847,18 +834,15 @@ def _mage_case(run, k: str, c: Case) -> None:
 def _mage_dry():
     repo_on_path()
     import mage_tiny
-    return _dry({MAGE_FILE: mage_tiny.file_layout(mage_tiny.canonical(), anchor=True)},
-                decode=("decode", (1, 16, 2, 2)), encode=("encode", (1, 32, 32, 3)))
+    return _dry({MAGE_FILE: mage_tiny.file_layout(mage_tiny.canonical(), anchor=True)}, (1, 16, 2, 2), (1, 32, 32, 3))
 
 
 MAGE = Family(
     title="Mage-VAE (core: comfy/ldm/mage_flow/vae.py through comfy.sd.VAE), published config, random weights "
           "(seed 0)",
-    cases={"decode 4x5 (one padded window)": Case("decode", (1, 128, 4, 5)),
-           "decode 6x4, batch 2": Case("decode", (2, 128, 6, 4)),
-           "decode 40x36 (2x2 windows)": Case("decode", (1, 128, 40, 36)),
-           "encode 64x80": Case("encode", (1, 64, 80, 3)),
-           "encode 650x590 (centre-cropped)": Case("encode", (1, 650, 590, 3))},
+    cases=cases({"decode 4x5 (one padded window)": (1, 128, 4, 5), "decode 6x4, batch 2": (2, 128, 6, 4),
+                 "decode 40x36 (2x2 windows)": (1, 128, 40, 36), "encode 64x80": (1, 64, 80, 3),
+                 "encode 650x590 (centre-cropped)": (1, 650, 590, 3)}),
     quick=("decode 4x5 (one padded window)", "decode 6x4, batch 2", "encode 64x80"),
     seed=SEED + 1, io=SOCKET, core_files=_mage_files, core_build=core_vae,
     core_keys=lambda sd: {k.replace("student.dconv_encoder.", "dconv_encoder.").replace("pipeline.", "decoder_model.", 1)
@@ -923,14 +907,14 @@ def _ltxd_dry():
     repo_on_path()
     from ltx_diffusion_common import DECODER, ENCODER
     sd, _ = ltx_diffusion_weights(ENCODER, DECODER)
-    return _dry({LTXD_FILE: sd}, decode=("decode", (1, 16, 2, 2, 2)), encode=("encode", (1, 3, 9, 64, 64)))
+    return _dry({LTXD_FILE: sd}, (1, 16, 2, 2, 2), (1, 3, 9, 64, 64))
 
 
 LTX_DIFFUSION = Family(
     title="LTX-2.5 diffusion VAE (core: CausalDiffusionVAE through comfy.sd.VAE), published config, random "
           "weights (seed 0)",
-    cases={"decode_t1": Case("decode", (1, 128, 1, 4, 4)), "decode_t3": Case("decode", (1, 128, 3, 4, 4)),
-           "encode_T1": Case("encode", (1, 3, 1, 128, 128)), "encode_T9": Case("encode", (1, 3, 9, 128, 128))},
+    cases=cases({"decode_t1": (1, 128, 1, 4, 4), "decode_t3": (1, 128, 3, 4, 4), "encode_T1": (1, 3, 1, 128, 128),
+                 "encode_T9": (1, 3, 9, 128, 128)}),
     extra_inputs=_ltxd_inputs, files=lambda run: {LTXD_FILE: ltx_diffusion_weights()}, core_build=core_vae,
     core_extra=_ltxd_core, rows=_ltxd_rows, dry=_ltxd_dry)
 
@@ -1098,8 +1082,7 @@ MINIMAX_FAMILY = Family(
     options=lambda g: (g.add_argument("--sizes", default="tiny", help="minimax: tiny, published, int8, tiny_int8"),
                        g.add_argument("--newer-tiled-decode", help="minimax: a file with core 0.38.1's "
                                       "_decode_tile_row and tiled_decode (the blend rows)")),
-    dry=lambda: _dry({"tiny.safetensors": minimax_weights(MINIMAX_TINY)}, decode=("decode", (1, 24, 2, 5, 6)),
-                     encode=("encode", (1, 3, 5, 48, 64))))
+    dry=lambda: _dry({"tiny.safetensors": minimax_weights(MINIMAX_TINY)}, (1, 24, 2, 5, 6), (1, 3, 5, 48, 64)))
 
 
 # the families by the name of --family

@@ -62,6 +62,11 @@ class Case:
     file: str = ""
 
 
+def cases(shapes: dict, file: str = "") -> dict:
+    """name -> Case of name -> shape: a decode where the name says ``decode``, else an encode; on ``file``."""
+    return {k: Case("decode" if "decode" in k else "encode", shape, file) for k, shape in shapes.items()}
+
+
 @dataclass(frozen=True)
 class IO:
     """Where a case meets each side, both outputs laid out alike for the table: core's VAE Decode /
@@ -100,7 +105,7 @@ SOCKET = IO(lambda v, z: v.decode(z), lambda v, x: v.encode(x), lambda h, z: soc
 class Family:
     """A core comparison: ``files(run)`` -> {file name: tensors or (tensors, metadata), or None for a file
     it wrote itself} at the published config (``run.quick``: the narrow one where declared), or
-    ``core_files(w)`` writing them (and files.json) under core's python (core's own classes); ``cases``
+    ``core_files(w)`` -> {file name: tensors} under core's python (core's own classes); ``cases``
     drawn in order from one generator seeded ``seed``, then ``extra_inputs(g)`` from it (``quick``: the
     cases of ``--quick``); ``variants(a)``: the sizes run one after the other; ``io`` where they meet each
     side. Core's side: ``core_build(w, metadata)`` (default ``comfy.sd.VAE``), every case through ``io``
