@@ -80,9 +80,9 @@ def main(argv=None) -> None:
         return worker(a)
     import numpy as np
     import torch
-    from safetensors.torch import save_file
 
     import vae
+    from harness import save
     cases = [a.only] if a.only else ["kl", "wan"]
     print(f"{'case':<28} {'ranks':>5} {'rank':>4} {'wall s':>7} {'cpu s':>7} {'work MiB':>9} {'vs 1 rank':>9} "
           f"{'max err':>9}")
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
             tile = a.tile or (256 if name == "kl" else 64)
             z, opts = _case(name, size, a.frames)
             weights = write_weights(FAMILIES[name], d)
-            save_file({"x": z}, str(d / f"{name}.in.safetensors"))
+            save({"x": z}, d / f"{name}.in.safetensors")
             with torch.inference_mode():
                 want = vae.load(weights).decode(z, **opts).numpy()      # one untiled pass
             label = f"{name} {'x'.join(map(str, z.shape[2:]))} latent, tile {tile}"

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared harness
+import harness
 from harness import comfy_core
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +140,7 @@ def worker(a) -> None:
     import comfy.sd
     import nodes
     from comfy.model_patcher import ModelPatcher
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     _pack()
     from vaekit.nodes import _comfy
     from vaekit.nodes.socket import VAEKitVAE
@@ -186,7 +187,7 @@ def worker(a) -> None:
                 delattr(v, op)
             report["hooks"][f"{case}.{who}"] = {**_hooks(v, v.first_stage_model, shapes), "told": list(told)}
             out.update({f"{case}.{k}.{who}": t.contiguous().float() for k, t in res.items()})
-    save_file(out, str(d / "out.safetensors"))
+    harness.save(out, d / "out.safetensors")
     (d / "report.json").write_text(json.dumps(report))
 
 
@@ -214,7 +215,6 @@ def _model_layout(vae, x: torch.Tensor, op: str) -> tuple:
 
 def write_weights(family: str, path: Path) -> None:
     import diffusers
-    from safetensors.torch import save_file
     for p in (ROOT, ROOT / "tests", ROOT / "tests" / "vae", ROOT / "bench", ROOT / "bench" / "comfyui_checks"):
         sys.path.insert(0, str(p))
     import vae
@@ -237,7 +237,7 @@ def write_weights(family: str, path: Path) -> None:
         sd = svd_original_layout(svd_model().state_dict())        # svd_xt's first stage, core's names
     else:
         raise SystemExit(f"unknown family {family!r}: one of {', '.join(FAMILIES)}")
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    harness.save(sd, path)
 
 
 def run(comfyui: str, python: str, families, threads: int = 2) -> list[dict]:

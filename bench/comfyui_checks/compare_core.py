@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DIFFERENCES = ROOT / "docs" / "core_differences.md"      # each family's documented differences (--list)
 sys.path[:0] = [str(HERE.parent), str(HERE)]           # bench/: the shared harness; here: the families
+import harness  # noqa: E402
 from harness import comfy_core  # noqa: E402
 from core_families import FAMILIES  # noqa: E402
 
@@ -88,8 +89,7 @@ class Worker:
         return json.loads((self.d / "files.json").read_text())
 
     def save(self, stem: str = "core") -> None:
-        from safetensors.torch import save_file
-        save_file({k: t.float().contiguous() for k, t in self.out.items()}, str(self.d / f"{stem}.safetensors"))
+        harness.save({k: t.float() for k, t in self.out.items()}, self.d / f"{stem}.safetensors")
         (self.d / f"{stem}.json").write_text(json.dumps(self.info))
 
 
@@ -124,11 +124,10 @@ def cases_of(fam, variant: str) -> dict:
 def save_files(d: Path, files: dict) -> list[str]:
     """Every file of ``files`` (name -> tensors, (tensors, metadata), or None: a file written already) in ``d``,
     and files.json naming them; their names."""
-    from safetensors.torch import save_file
     for name, tensors in files.items():
         sd, meta = tensors if isinstance(tensors, tuple) else (tensors, None)
         if sd is not None:
-            save_file({k: t.contiguous() for k, t in sd.items()}, str(d / name), metadata=meta)
+            harness.save(sd, d / name, meta)
     (d / "files.json").write_text(json.dumps(list(files)))
     return list(files)
 
@@ -148,7 +147,7 @@ def load_ours(run: Run, name: str):
 
 def compare(a, name: str, variant: str = "") -> list[dict]:
     """One run of the family ``name`` (at ``variant``): its rows."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     fam = FAMILIES[name]
     with tempfile.TemporaryDirectory(prefix=f"cmp_{name}_", dir=a.tmp) as tmp:
         run = Run(a, name, Path(tmp), variant)
@@ -157,7 +156,7 @@ def compare(a, name: str, variant: str = "") -> list[dict]:
         cases = {k: c for k, c in every.items() if not a.quick or not fam.quick or k in fam.quick}
         run.inputs = {k: x for k, x in comfy_core.draw(every, fam.seed, fam.extra_inputs).items()
                       if k in cases or k not in every}
-        save_file(run.inputs, str(run.d / "inputs.safetensors"))
+        harness.save(run.inputs, run.d / "inputs.safetensors")
         run.call("core")
         run.core = load_file(str(run.d / "core.safetensors"))
         run.info = json.loads((run.d / "core.json").read_text())
@@ -179,7 +178,6 @@ def compare(a, name: str, variant: str = "") -> list[dict]:
 
 def dry(names) -> None:
     """Each family's files at a tiny size loaded by ours, every dry case through ours: no core."""
-    from safetensors.torch import save_file
     for name in names:
         fam = FAMILIES[name]
         files, cases = fam.dry()
@@ -187,7 +185,7 @@ def dry(names) -> None:
             run = Run(argparse.Namespace(quick=True), name, Path(tmp))
             shapes = []
             for f, sd in files.items():
-                save_file({k: t.contiguous() for k, t in sd.items()}, str(run.d / f))
+                harness.save(sd, run.d / f)
                 run.ours[f] = load_ours(run, f)
             with torch.inference_mode():
                 for k, c in comfy_core.draw(cases, 0).items():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harness import comfy_core, module_at, repo_on_path
+from harness import comfy_core, module_at, repo_on_path, save
 from core_dropin import DROP_IN
 from harness.comfy_core import CLIP_CLAMPED, FRAMES, IMAGE_CLAMPED, SOCKET, Case, Family, cases, core_vae
 
@@ -673,10 +673,9 @@ def _hy_engine(a, variant: str):
 def _hy_files(w) -> dict:
     """Core's model of each variant, every tensor drawn, in core's file layout (= Tencent's names); each file
     written as soon as it is drawn (one variant's tensors held at a time)."""
-    from safetensors.torch import save_file
     for variant in HUNYUAN_IMAGE:
         shapes = {k: p.shape for k, p in _hy_engine(w.a, variant).state_dict().items()}
-        save_file({k: t.contiguous() for k, t in drawn(shapes).items()}, str(w.d / _hy_file(variant)))
+        save(drawn(shapes), w.d / _hy_file(variant))
     return {_hy_file(v): None for v in HUNYUAN_IMAGE}
 
 
@@ -989,8 +988,7 @@ def _minimax_files(run) -> dict:
     sd = minimax_weights(MINIMAX_TINY if tiny else MINIMAX, torch.float32 if run.variant == "tiny" else torch.float16)
     if not int8:
         return {"tiny.safetensors" if tiny else MINIMAX_FP16: sd}
-    from safetensors.torch import save_file
-    save_file(sd, str(run.d / "fp16.safetensors"))
+    save(sd, run.d / "fp16.safetensors")
     del sd
     run.call("quantize")
     return {MINIMAX_INT8: None}
@@ -1002,7 +1000,7 @@ def _minimax_quantize(w) -> None:
     (the tiny model's, 128 wide, of 64)."""
     comfy_core.start(w.a.comfyui)
     import comfy.quant_ops
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     group = 64 if w.variant.startswith("tiny") else 256
     sd = load_file(str(w.d / "fp16.safetensors"))
     conf = torch.tensor(list(json.dumps({"format": "int8_tensorwise", "convrot": True,
@@ -1013,7 +1011,7 @@ def _minimax_quantize(w) -> None:
                                                                   convrot=True, convrot_groupsize=group)
         sd[k], sd[k[:-len("weight")] + "weight_scale"] = q.contiguous(), params.scale.contiguous()
         sd[k[:-len("weight")] + "comfy_quant"] = conf.clone()
-    save_file(sd, str(w.d / MINIMAX_INT8))
+    save(sd, w.d / MINIMAX_INT8)
 
 
 class _MinimaxTiny:

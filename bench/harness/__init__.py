@@ -15,6 +15,13 @@ def repo_on_path() -> None:
             sys.path.insert(0, path)
 
 
+def save(tensors: dict, path, metadata: dict | None = None) -> None:
+    """``tensors`` as a .safetensors file at ``path``, each made a contiguous CPU tensor (what safetensors
+    writes)."""
+    from safetensors.torch import save_file
+    save_file({k: t.contiguous().cpu() for k, t in tensors.items()}, str(path), metadata=metadata)
+
+
 def module_at(path, name: str):
     """The Python file ``path`` (a reference's copy, not an installed package) imported as ``name``."""
     import importlib.util

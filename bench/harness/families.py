@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from harness import module_at, repo_on_path
+from harness import module_at, repo_on_path, save
 
 BENCH = Path(__file__).resolve().parents[1]
 ROOT = BENCH.parent
@@ -42,11 +42,6 @@ class Family:
     core_patches: dict = dataclasses.field(default_factory=dict)  # core run name -> args -> None: core changed first
 
 
-def _save(sd: dict, path: Path) -> None:
-    from safetensors.torch import save_file
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
-
-
 def write_weights(family: Family, folder: Path) -> Path:
     """The family's published config with random weights under ``SEED`` in ``folder`` (written once):
     diffusers' file (``diffusers.safetensors``) and the file ours and core load; returns the latter."""
@@ -60,11 +55,11 @@ def write_weights(family: Family, folder: Path) -> Path:
     import torch
     torch.manual_seed(SEED)
     sd = getattr(diffusers, family.diffusers)(**family.kwargs).eval().state_dict()
-    _save(sd, folder / "diffusers.safetensors")
+    save(sd, folder / "diffusers.safetensors")
     if family.layout is not None:
         sys.path.insert(0, str(ROOT))
         import vae
-        _save(family.layout(vae.from_state_dict(sd).state_dict()), path)
+        save(family.layout(vae.from_state_dict(sd).state_dict()), path)
     return path
 
 
@@ -122,7 +117,7 @@ def _flux2_writer(folder: Path) -> None:
     """The published FLUX.2 VAE with random BatchNorm statistics at a latent's scale (variances 0.25..4)."""
     repo_on_path()
     import diffusers_flux2
-    _save(diffusers_flux2.model(**diffusers_flux2.PUBLISHED, var=(0.25, 4.0)).state_dict(),
+    save(diffusers_flux2.model(**diffusers_flux2.PUBLISHED, var=(0.25, 4.0)).state_dict(),
           folder / "diffusers.safetensors")
 
 
@@ -143,7 +138,7 @@ def _ltx_zeros(v) -> None:
 def _minimax_writer(folder: Path) -> None:
     import torch
     from comfyui_checks.core_families import MINIMAX, minimax_weights
-    _save(minimax_weights(MINIMAX, torch.float16), folder / "minimax_h3_video_vae_fp16.safetensors")
+    save(minimax_weights(MINIMAX, torch.float16), folder / "minimax_h3_video_vae_fp16.safetensors")
 
 
 def _minimax_ours(tiling: str):
@@ -167,12 +162,12 @@ def _minimax_core_newer(a) -> None:
 
 def _seedvr2_writer(folder: Path) -> None:
     from comfyui_checks.core_families import seedvr2_weights
-    _save(seedvr2_weights(), folder / "seedvr2_ema_vae.safetensors")
+    save(seedvr2_weights(), folder / "seedvr2_ema_vae.safetensors")
 
 
 def _svd_writer(folder: Path) -> None:
     from comfyui_checks.core_families import svd_model, svd_original_layout
-    _save(svd_original_layout(svd_model().state_dict()), folder / "svd_xt_vae.safetensors")
+    save(svd_original_layout(svd_model().state_dict()), folder / "svd_xt_vae.safetensors")
 
 
 def _taehv_writer(folder: Path) -> None:
@@ -180,7 +175,7 @@ def _taehv_writer(folder: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from comfyui_checks.core_families import taehv_random
     from vae.archs import taehv
-    _save(taehv_random(taehv.TAEHV(taehv.TAEHVConfig(16))).state_dict(), folder / "lighttaew2_1.safetensors")
+    save(taehv_random(taehv.TAEHV(taehv.TAEHVConfig(16))).state_dict(), folder / "lighttaew2_1.safetensors")
 
 
 def _qwen21_stats():
@@ -223,9 +218,8 @@ def _taeqi_reference(a, folder: Path):
 
 def _ltx_diffusion_writer(folder: Path) -> None:
     from comfyui_checks.core_families import LTXD_FILE, ltx_diffusion_weights
-    from safetensors.torch import save_file
     sd, metadata = ltx_diffusion_weights()
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / LTXD_FILE), metadata=metadata)
+    save(sd, folder / LTXD_FILE, metadata)
 
 
 def _mage_writer(folder: Path) -> None:
@@ -240,7 +234,7 @@ def _mage_writer(folder: Path) -> None:
     cfg = dataclasses.replace(cfg, encoder=dataclasses.replace(cfg.encoder, head_ffn=4 * cfg.encoder.head))  # core's
     with torch.device("meta"):
         shapes = {k: p.shape for k, p in mage.MageVAE(cfg).state_dict().items()}
-    _save(mage_tiny.file_layout(drawn(shapes), anchor=True), folder / "mage_flow_vae.safetensors")
+    save(mage_tiny.file_layout(drawn(shapes), anchor=True), folder / "mage_flow_vae.safetensors")
 
 
 # LTX-2's published flags (diffusers scripts/convert_ltx2_to_diffusers.py); its defaults say causal decoder
