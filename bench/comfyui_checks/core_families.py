@@ -69,6 +69,17 @@ def exact_row(run, k: str, c: Case, tile: int) -> None:
     run.table.add(f"{k} exact {tile} px tiles", y, run.core[k], "vs core", True, c.op)
 
 
+def tile_rows(run, k: str, op: str, core_tiled, tile: int, overlap: int, core_note: str = "") -> None:
+    """The rows of case ``k`` against core untiled (``run.core[k]``): core's VAE Decode / Encode (Tiled)
+    ``core_tiled`` and ours fast, both ``tile``/``overlap`` px, and ours exact ``tile`` px tiles (parity)."""
+    call, x, untiled, add = getattr(run.ours[next(iter(run.ours))], op), run.inputs[k], run.core[k], run.table.add
+    add(f"{k}: core tiled {tile}/{overlap}", core_tiled, untiled,
+        f"core VAE {op.capitalize()} (Tiled){core_note} vs core untiled", False)
+    add(f"{k}: ours fast {tile}/{overlap}", call(x, tile=tile, overlap=overlap), untiled,
+        "ours fast tiles vs core untiled", False)
+    add(f"{k}: ours exact {tile}", call(x, tile=tile, mode="exact"), untiled, "ours exact tiles vs core untiled", True)
+
+
 def _dry(files: dict, decode: tuple, encode: tuple) -> tuple[dict, dict]:
     """``Family.dry``'s answer: the files and one decode and one encode of these shapes."""
     return files, cases({"decode": decode, "encode": encode})
@@ -223,14 +234,8 @@ def _seedvr2_core(w) -> None:
 def _seedvr2_case(run, k: str, c: Case) -> None:
     v, x, t = run.ours[next(iter(run.ours))], run.inputs[k], SEEDVR2_TILES
     if k.startswith("tiles"):
-        call, untiled = getattr(v, c.op), run.core[k]
         run.core_row(k, c, label=f"{k}: ours untiled")
-        run.table.add(f"{k}: core tiled 512/128", run.core[k + " tiled"], untiled,
-                      f"core VAE {c.op.capitalize()} (Tiled) vs core untiled", False)
-        run.table.add(f"{k}: ours fast 512/128", call(x, tile=t["tile"], overlap=t["overlap"]), untiled,
-                      "ours fast tiles vs core untiled", False)
-        run.table.add(f"{k}: ours exact 512", call(x, tile=t["tile"], mode="exact"), untiled,
-                      "ours exact tiles vs core untiled", True)
+        tile_rows(run, k, c.op, run.core[k + " tiled"], t["tile"], t["overlap"])
     elif c.op == "decode":
         run.core_row(k, c)
         run.table.add(f"{k} (ours one pass)", ((v.model.decode(x) + 1) / 2).clamp(0, 1), run.core[k],
@@ -380,12 +385,7 @@ def _svd_rows(run) -> None:
         "core's free-memory rule", False)
     add("5-D [1, 4, 4, h, w]: core vs ours", got["5d"], v.decode(x4.movedim(0, 1).unsqueeze(0))[0].movedim(1, 0),
         "core keeps frame 0; ours decodes the clip", False)
-    x, untiled = run.inputs["tiles_decode"], got["tiles_decode"]
-    add(f"tiles: ours exact {SVD_TILE} px vs core untiled", v.decode(x, tile=SVD_TILE, mode="exact"), untiled)
-    add(f"tiles: ours fast {SVD_TILE}/{SVD_OVERLAP} vs core untiled",
-        v.decode(x, tile=SVD_TILE, overlap=SVD_OVERLAP), untiled, "", False)
-    add(f"tiles: core tiled {SVD_TILE}/{SVD_OVERLAP} vs core untiled", got["tiled"], untiled,
-        "core VAE Decode (Tiled), its three-pass average", False)
+    tile_rows(run, "tiles_decode", "decode", got["tiled"], SVD_TILE, SVD_OVERLAP, ", its three-pass average")
 
 
 SVD_FAMILY = Family(
@@ -447,12 +447,7 @@ def _stage_a_case(run, k: str, c: Case) -> None:
         raw = run.core["decode raw"]
         run.core_row(k, c, note=f"core clamped (its process_output is the identity); {_outside(raw)}")
         run.table.add("decode, network output", v.model.decode(x), raw, "ours unclamped vs core's IMAGE", True)
-        run.table.add(f"decode exact {t} px tiles", v.decode(x, tile=t, mode="exact"), run.core[k],
-                      "ours exact tiles vs core untiled", True)
-        run.table.add(f"core tiled {t} px", run.core["decode tiled"].clamp(0, 1), run.core[k],
-                      "core VAE Decode (Tiled) vs core untiled", False)
-        run.table.add(f"ours fast {t} px tiles", v.decode(x, tile=t, overlap=t // 4), run.core[k],
-                      "ours fast tiles vs core untiled", False)
+        tile_rows(run, k, c.op, run.core["decode tiled"].clamp(0, 1), t, t // 4)
     else:
         lat = run.core_row(k, c, note="not quantized")
         run.table.add(f"encode exact {t} px tiles", v.encode(x, tile=t, mode="exact"), run.core[k],

@@ -14,14 +14,18 @@ from pathlib import Path
 
 
 def diffusers_from_file(cls, path: Path, **config):
-    """A diffusers model holding exactly the weights in ``path``, in eval mode: built on the meta device,
-    so no random initialisation is timed or held, then given the file's tensors."""
+    """A diffusers model holding exactly the weights in ``path``, in eval mode, its tiling, slicing and
+    frame-wise switches off (one pass, the definition: a run switches on what it measures). Built on the
+    meta device, so no random initialisation is timed or held, then given the file's tensors."""
     import torch
     from safetensors.torch import load_file
     with torch.device("meta"):
         model = cls(**config)
     model.load_state_dict(load_file(str(path)), strict=True, assign=True)
-    return model.eval()
+    for flag in ("use_framewise_decoding", "use_framewise_encoding", "use_tiling", "use_slicing"):
+        if hasattr(model, flag):
+            setattr(model, flag, False)
+    return model.eval().requires_grad_(False)
 
 
 def measure_saved(threads: int, source: Path, build, out_stem: Path, repeat: int = 1) -> None:
