@@ -57,10 +57,9 @@ class Run:
         if proc.returncode:
             sys.exit(f"worker {step} FAILED:\n{(proc.stderr or proc.stdout)[-3000:]}")
 
-    def ours_out(self, name: str, case: comfy_core.Case, handle=None, x=None):
+    def ours_out(self, name: str, case: comfy_core.Case, handle=None):
         """Ours on a case, as the family's IO lays it out."""
-        io, h = self.fam.io, handle or self.ours[case.file or next(iter(self.ours))]
-        x = self.inputs[name] if x is None else x
+        io, h, x = self.fam.io, handle or self.ours[case.file or next(iter(self.ours))], self.inputs[name]
         return io.ours_decode(h, x) if case.op == "decode" else io.ours_encode(h, x)
 
     def core_row(self, name: str, case: comfy_core.Case, ours=None, note: str = "", parity: bool = True,
@@ -183,17 +182,12 @@ def dry(names) -> None:
         files, cases = fam.dry()
         with tempfile.TemporaryDirectory(prefix=f"dry_{name}_") as tmp:
             run = Run(argparse.Namespace(quick=True), name, Path(tmp))
-            shapes = []
             for f, sd in files.items():
                 harness.save(sd, run.d / f)
                 run.ours[f] = load_ours(run, f)
+            run.inputs = comfy_core.draw(cases, 0)
             with torch.inference_mode():
-                for k, c in comfy_core.draw(cases, 0).items():
-                    case = cases[k]
-                    if case.file not in run.ours:
-                        case = comfy_core.Case(case.op, case.shape, next(iter(files)))
-                    run.inputs[k] = c
-                    shapes.append(f"{k} {tuple(run.ours_out(k, case, x=c).shape)}")
+                shapes = [f"{k} {tuple(run.ours_out(k, c).shape)}" for k, c in cases.items()]
             print(f"{name}: ours {', '.join(h.name for h in run.ours.values())}; {'; '.join(shapes)}", flush=True)
 
 
