@@ -120,23 +120,12 @@ def cases_of(fam, variant: str) -> dict:
     return fam.cases(variant) if callable(fam.cases) else fam.cases
 
 
-def save_files(d: Path, files: dict) -> list[str]:
-    """Every file of ``files`` (name -> tensors, (tensors, metadata), or None: a file written already) in ``d``,
-    and files.json naming them; their names."""
-    for name, tensors in files.items():
-        sd, meta = tensors if isinstance(tensors, tuple) else (tensors, None)
-        if sd is not None:
-            harness.save(sd, d / name, meta)
-    (d / "files.json").write_text(json.dumps(list(files)))
-    return list(files)
-
-
 def write_files(run: Run) -> list[str]:
     """The family's files in ``run.d`` (built here, or by core's classes in a worker); their names."""
     if run.fam.core_files:
         run.call("files")
         return json.loads((run.d / "files.json").read_text())
-    return save_files(run.d, run.fam.files(run))
+    return harness.save_files(run.d, run.fam.files(run))
 
 
 def load_ours(run: Run, name: str):
@@ -226,7 +215,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if a.worker:
         w = Worker(a)
-        steps = {"files": lambda w: save_files(w.d, w.fam.core_files(w)), **w.fam.workers}
+        steps = {"files": lambda w: harness.save_files(w.d, w.fam.core_files(w)), **w.fam.workers}
         return steps.get(a.worker, core_worker)(w)
     if a.list:
         docs = differences()

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from comfyui_checks.core_dropin import DROP_IN       # a package import: harness/families.py imports this one
 from harness import comfy_core, module_at, repo_on_path, save
-from core_dropin import DROP_IN
 from harness.comfy_core import CLIP_CLAMPED, FRAMES, IMAGE_CLAMPED, SOCKET, Case, Family, cases, core_vae
 
 ROOT = Path(__file__).resolve().parents[2]

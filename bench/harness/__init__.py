@@ -22,6 +22,18 @@ def save(tensors: dict, path, metadata: dict | None = None) -> None:
     save_file({k: t.contiguous().cpu() for k, t in tensors.items()}, str(path), metadata=metadata)
 
 
+def save_files(folder: Path, files: dict) -> list[str]:
+    """Every file of ``files`` (name -> tensors, (tensors, metadata), or None: a file written already) in
+    ``folder``, and files.json naming them; their names."""
+    import json
+    for name, tensors in files.items():
+        sd, metadata = tensors if isinstance(tensors, tuple) else (tensors, None)
+        if sd is not None:
+            save(sd, folder / name, metadata)
+    (folder / "files.json").write_text(json.dumps(list(files)))
+    return list(files)
+
+
 def module_at(path, name: str):
     """The Python file ``path`` (a reference's copy, not an installed package) imported as ``name``."""
     import importlib.util

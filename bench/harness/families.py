@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from harness import module_at, repo_on_path, save
+from harness import module_at, repo_on_path, save, save_files
 
 BENCH = Path(__file__).resolve().parents[1]
 ROOT = BENCH.parent
@@ -113,6 +113,16 @@ def _qwen21_call(model, op):
     return lambda x: model.encode((_rgba(x) * 2 - 1).unsqueeze(2)).latent_dist.mode().squeeze(2)
 
 
+def _compared(name: str):
+    """The writer of the published file compare_core.py --family NAME compares against core (its ``files``):
+    one builder of each such file."""
+    def write(folder: Path) -> None:
+        from types import SimpleNamespace
+        from comfyui_checks.core_families import FAMILIES as COMPARED
+        save_files(folder, COMPARED[name].files(SimpleNamespace(variant="published", quick=False, state={}, d=folder)))
+    return write
+
+
 def _flux2_writer(folder: Path) -> None:
     """The published FLUX.2 VAE with random BatchNorm statistics at a latent's scale (variances 0.25..4)."""
     repo_on_path()
@@ -135,12 +145,6 @@ def _ltx_zeros(v) -> None:
     ltx.set_decoder_padding(v.model, "zeros")
 
 
-def _minimax_writer(folder: Path) -> None:
-    import torch
-    from comfyui_checks.core_families import MINIMAX, minimax_weights
-    save(minimax_weights(MINIMAX, torch.float16), folder / "minimax_h3_video_vae_fp16.safetensors")
-
-
 def _minimax_ours(tiling: str):
     """Built in the file's fp16, then cast: never the fp16 file and the fp32 weights held at once."""
     def build(a, folder: Path):
@@ -158,16 +162,6 @@ def _minimax_core_newer(a) -> None:
     import comfy.ldm.minimax.vae as mm
     from comfyui_checks.core_families import newer_tiled_decode
     newer_tiled_decode(mm, a.newer_tiled_decode)
-
-
-def _seedvr2_writer(folder: Path) -> None:
-    from comfyui_checks.core_families import seedvr2_weights
-    save(seedvr2_weights(), folder / "seedvr2_ema_vae.safetensors")
-
-
-def _svd_writer(folder: Path) -> None:
-    from comfyui_checks.core_families import svd_model, svd_original_layout
-    save(svd_original_layout(svd_model().state_dict()), folder / "svd_xt_vae.safetensors")
 
 
 def _taehv_writer(folder: Path) -> None:
@@ -214,12 +208,6 @@ def _taeqi_reference(a, folder: Path):
     if a.op == "decode":
         return tae, lambda z: tae.decoder((z - mean) / std).clamp_(0, 1)
     return tae, lambda x: tae.encoder(_rgba(x)) * std + mean
-
-
-def _ltx_diffusion_writer(folder: Path) -> None:
-    from comfyui_checks.core_families import LTXD_FILE, ltx_diffusion_weights
-    sd, metadata = ltx_diffusion_weights()
-    save(sd, folder / LTXD_FILE, metadata)
 
 
 def _mage_writer(folder: Path) -> None:
@@ -270,19 +258,19 @@ FAMILIES = {
     "ltx2.3": Family("LTX-2.3", 128, 32, 8, diffusers="AutoencoderKLLTX2Video", kwargs={**LTX23, **LTX2_FLAGS},
                      size="512x768x25", plan_size="1088x1920x121"),
     "ltx_diffusion": Family("LTX-2.5 diffusion decoder (the shipped layout and metadata)", 128, 32, 8,
-                            file="ltx-2.5-video-vae.safetensors", writer=_ltx_diffusion_writer, tile=128,
+                            file="ltx-2.5-video-vae.safetensors", writer=_compared("ltx_diffusion"), tile=128,
                             core_tiled=(512, 64, 64, 16), size="256x256x17", plan_size="704x1280x121"),
     "mage": Family("Mage-VAE", 128, 16, file="mage_flow_vae.safetensors", writer=_mage_writer, tile=512,
                    size="1024x1024x1"),
     "mochi": Family("Mochi", 12, 8, 6, diffusers="AutoencoderKLMochi", size="64x64x13"),
     "magvit": Family("EasyAnimate Magvit", 16, 8, 4, diffusers="AutoencoderKLMagvit", size="64x64x29"),
     "minimax": Family("MiniMax H3 (fp16 file, fp32 compute)", 24, 16, 17, file="minimax_h3_video_vae_fp16.safetensors",
-                      writer=_minimax_writer, latent_frames=lambda t: (t - 5) // 17 * 5 + 2, size="512x512x22",
+                      writer=_compared("minimax"), latent_frames=lambda t: (t - 5) // 17 * 5 + 2, size="512x512x22",
                       runs={"default": _minimax_ours("blend"), "stitch": _minimax_ours("stitch")},
                       core_patches={"core_newer": _minimax_core_newer}),
-    "seedvr2": Family("SeedVR2 VAE", 16, 8, 4, file="seedvr2_ema_vae.safetensors", writer=_seedvr2_writer,
+    "seedvr2": Family("SeedVR2 VAE", 16, 8, 4, file="seedvr2_ema_vae.safetensors", writer=_compared("seedvr2"),
                       tile=128, core_tiled=(512, 128, 64, 8), size="256x256x17"),
-    "svd": Family("SVD (svd_xt) VAE", 4, 8, 1, file="svd_xt_vae.safetensors", writer=_svd_writer, tile=96,
+    "svd": Family("SVD (svd_xt) VAE", 4, 8, 1, file="svd_xt_vae.safetensors", writer=_compared("svd"), tile=96,
                   frames_on_batch=True, size="192x192x6"),
     "taehv": Family("TAEHV (lighttaew2_1; taehv differs by its scale only)", 16, 8, 4, file="lighttaew2_1.safetensors",
                     writer=_taehv_writer, tile=128, size="256x320x17"),

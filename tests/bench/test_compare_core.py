@@ -45,6 +45,13 @@ def test_dry_builds_ours_on_the_family_file(family):
     assert out.stdout.startswith(f"{family}: ours ") and "decode" in out.stdout and "encode" in out.stdout
 
 
+def test_the_runners_import_the_families_as_a_package():
+    """bench/run.py's writers (harness/families.py) import core_families.py with bench/ alone on the path."""
+    code = "import sys; sys.path[:0] = [sys.argv[1]]; import comfyui_checks.core_families"
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "bench")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_check_fails_only_parity_rows_over_the_tolerance(capsys):
     table = comfy_core.Table(tol=1e-4, relative_encode=True)
     x = torch.zeros(1, 3, 4, 4)
