@@ -164,14 +164,6 @@ def _minimax_core_newer(a) -> None:
     newer_tiled_decode(mm, a.newer_tiled_decode)
 
 
-def _taehv_writer(folder: Path) -> None:
-    """Weights randn / sqrt(fan-in), the head x 0.4 (+ the range's middle): frames mostly inside the range."""
-    sys.path.insert(0, str(ROOT))
-    from comfyui_checks.core_families import taehv_random
-    from vae.archs import taehv
-    save(taehv_random(taehv.TAEHV(taehv.TAEHVConfig(16))).state_dict(), folder / "lighttaew2_1.safetensors")
-
-
 def _qwen21_stats():
     import torch
     sys.path.insert(0, str(ROOT))
@@ -273,7 +265,7 @@ FAMILIES = {
     "svd": Family("SVD (svd_xt) VAE", 4, 8, 1, file="svd_xt_vae.safetensors", writer=_compared("svd"), tile=96,
                   frames_on_batch=True, size="192x192x6"),
     "taehv": Family("TAEHV (lighttaew2_1; taehv differs by its scale only)", 16, 8, 4, file="lighttaew2_1.safetensors",
-                    writer=_taehv_writer, tile=128, size="256x320x17"),
+                    writer=_compared("taehv"), tile=128, size="256x320x17"),
     "taeqi": Family("taeqi2_1 (set TAESD_REFERENCE to the original taesd.py)", 64, 16, file="taeqi2_1",
                     writer=_taeqi_writer, latent=_taeqi_latent, tile=512, size="1024x1024x1",
                     runs={"reference": _taeqi_reference}),
