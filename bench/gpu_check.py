@@ -612,9 +612,8 @@ def row_f(env: Env):
 
 def row_g(env: Env):
     """ComfyUI core's VAE Decode and VAE Decode (Tiled) on the same Wan 2.1 weights and latent as ours."""
-    sys.path.insert(0, str(Path(env.comfyui).resolve()))
-    from comfy.cli_args import args
-    args.cpu = not env.cuda
+    from harness import comfy_core
+    comfy_core.start(str(Path(env.comfyui).resolve()), cpu=not env.cuda)
     import comfy.sd
 
     from vae.archs.wan_layout import to_original

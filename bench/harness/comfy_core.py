@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 
-def start(comfyui: str, pytorch_attention: bool | None = None) -> None:
-    """Make ComfyUI's source at ``comfyui`` importable and set it up for the CPU (``--cpu``); with
-    ``pytorch_attention`` also ``--use-pytorch-cross-attention`` on or off. Call it before importing
-    anything else from comfy or ComfyUI's ``nodes``."""
+def start(comfyui: str, pytorch_attention: bool | None = None, cpu: bool = True) -> None:
+    """Make ComfyUI's source at ``comfyui`` importable and set it up for the CPU (``--cpu``; ``cpu=False``:
+    its device choice); with ``pytorch_attention`` also ``--use-pytorch-cross-attention`` on or off. Call
+    it before importing anything else from comfy or ComfyUI's ``nodes``."""
     if sys.path[0] != comfyui:
         sys.path.insert(0, comfyui)
     _audio_stand_in()
     from comfy.cli_args import args
-    args.cpu = True
+    args.cpu = cpu
     if pytorch_attention is not None:
         args.use_pytorch_cross_attention = pytorch_attention
 
