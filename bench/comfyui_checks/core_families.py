@@ -32,11 +32,12 @@ def jittered(model, seed: int):
     return model
 
 
-def diffusers_jittered(cls, seed: int = SEED, **config):
-    """diffusers' model ``cls`` at ``config`` (default: its defaults, the published one), random weights
-    seeded with ``seed``, norms jittered (seed + 1)."""
+def diffusers_jittered(cls: str, seed: int = SEED, **config):
+    """diffusers' model of class ``cls`` (its name) at ``config`` (default: its defaults, the published one),
+    random weights seeded with ``seed``, norms jittered (seed + 1)."""
+    import diffusers
     torch.manual_seed(seed)
-    return jittered(cls(**config).eval(), seed + 1)
+    return jittered(getattr(diffusers, cls)(**config).eval(), seed + 1)
 
 
 def drawn(shapes: dict, seed: int = SEED) -> dict:
@@ -92,8 +93,7 @@ def _outside(raw: torch.Tensor) -> str:
 # ---- CogVideoX ------------------------------------------------------------------------------------
 
 def _cogvideox_files(run) -> dict:
-    import diffusers
-    run.state["ref"] = ref = diffusers_jittered(diffusers.AutoencoderKLCogVideoX)
+    run.state["ref"] = ref = diffusers_jittered("AutoencoderKLCogVideoX")
     return {"cogvideox.safetensors": ref.state_dict()}
 
 
@@ -120,19 +120,16 @@ def _cogvideox_case(run, k: str, c: Case) -> None:
     add(f"{k} vs diffusers one pass", ours, one, "the original's encode", True, c.op)
 
 
-def _cogvideox_dry():
-    import diffusers
-    m = diffusers_jittered(diffusers.AutoencoderKLCogVideoX, block_out_channels=(32,) * 4, layers_per_block=1)
-    return _dry({"cogvideox.safetensors": m.state_dict()}, (1, 16, 3, 4, 4), (1, 3, 5, 32, 32))
-
-
 COGVIDEOX = Family(
     title="CogVideoX VAE (core: comfy/ldm/cogvideo/vae.py), published config, random weights (seed 0)",
     cases=cases({"decode_t1": (1, 16, 1, 8, 8), "decode_t3": (1, 16, 3, 4, 4), "decode_t4": (1, 16, 4, 4, 4),
                  "decode_t13": (1, 16, 13, 4, 4), "encode_T1": (1, 3, 1, 64, 64), "encode_T5": (1, 3, 5, 32, 32),
                  "encode_T9": (1, 3, 9, 32, 32), "encode_T17": (1, 3, 17, 32, 32), "encode_T49": (1, 3, 49, 32, 32)}),
     quick=("decode_t1", "decode_t3", "encode_T1", "encode_T5", "encode_T9"),
-    files=_cogvideox_files, core_extra=_cogvideox_core, case_rows=_cogvideox_case, dry=_cogvideox_dry)
+    files=_cogvideox_files, core_extra=_cogvideox_core, case_rows=_cogvideox_case,
+    dry=lambda: _dry({"cogvideox.safetensors": diffusers_jittered(
+        "AutoencoderKLCogVideoX", block_out_channels=(32,) * 4, layers_per_block=1).state_dict()},
+        (1, 16, 3, 4, 4), (1, 3, 5, 32, 32)))
 
 
 # ---- Cosmos-1 --------------------------------------------------------------------------------------
@@ -141,10 +138,9 @@ def cosmos_weights(**config) -> tuple[dict, object]:
     """diffusers' AutoencoderKLCosmos at ``config`` (default: the published CV8x8x8-1.0) in the original's
     layout (core's file: ``.conv3d`` / ``.norm`` wrappers, the wavelet constants, the latent statistics as
     ``latent_mean`` / ``latent_std``), and the diffusers model."""
-    import diffusers
     repo_on_path()
     from vae.archs import cosmos_layout
-    ref = diffusers_jittered(diffusers.AutoencoderKLCosmos, **config)
+    ref = diffusers_jittered("AutoencoderKLCosmos", **config)
     weights = cosmos_layout.to_original(cosmos_layout.to_canonical(ref.state_dict()))
     if ref.config.latents_mean is not None:
         weights.update(latent_mean=torch.tensor(ref.config.latents_mean), latent_std=torch.tensor(ref.config.latents_std))
@@ -180,18 +176,15 @@ def _cosmos_case(run, k: str, c: Case) -> None:
         run.table.add(f"{k} vs core model, raw", v.model.encode(x * 2 - 1), run.core[k + " raw"], "raw latents", True)
 
 
-def _cosmos_dry():
-    weights, _ = cosmos_weights(encoder_block_out_channels=(8, 8, 16, 16), decode_block_out_channels=(8, 16, 16, 16),
-                                num_layers=1)
-    return _dry({"cosmos.safetensors": weights}, (1, 16, 2, 2, 2), (1, 3, 9, 16, 16))
-
-
 COSMOS = Family(
     title="Cosmos-1 tokenizer CV8x8x8 (core: comfy/ldm/cosmos/vae.py), published config, random weights (seed 0)",
     cases=cases({"decode_t1": (1, 16, 1, 8, 8), "decode_t3": (1, 16, 3, 4, 6), "decode_t18": (1, 16, 18, 2, 2),
                  "encode_T1": (1, 3, 1, 64, 64), "encode_T9": (1, 3, 9, 32, 48), "encode_T17": (1, 3, 17, 32, 32)}),
     quick=("decode_t1", "decode_t3", "encode_T1", "encode_T9"),
-    files=_cosmos_files, core_extra=_cosmos_core, case_rows=_cosmos_case, dry=_cosmos_dry)
+    files=_cosmos_files, core_extra=_cosmos_core, case_rows=_cosmos_case,
+    dry=lambda: _dry({"cosmos.safetensors": cosmos_weights(encoder_block_out_channels=(8, 8, 16, 16), num_layers=1,
+                                                            decode_block_out_channels=(8, 16, 16, 16))[0]},
+                     (1, 16, 2, 2, 2), (1, 3, 9, 16, 16)))
 
 
 # ---- SeedVR2 ---------------------------------------------------------------------------------------
@@ -762,11 +755,10 @@ def _hy_case(run, k: str, c: Case) -> None:
 
 
 def _hy_dry():
-    import diffusers
     repo_on_path()
     import vae
     from vae.archs import hunyuan_image_layout
-    m = diffusers_jittered(diffusers.AutoencoderKLHunyuanImage, in_channels=3, out_channels=3, latent_channels=64,
+    m = diffusers_jittered("AutoencoderKLHunyuanImage", in_channels=3, out_channels=3, latent_channels=64,
                            block_out_channels=(32, 32, 64, 64, 128, 128), layers_per_block=1,
                            spatial_compression_ratio=32, sample_size=384)
     sd = hunyuan_image_layout.to_original(vae.from_state_dict(m.state_dict()).state_dict())
