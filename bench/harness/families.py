@@ -128,7 +128,7 @@ def _flux2_writer(folder: Path) -> None:
     repo_on_path()
     import diffusers_flux2
     save(diffusers_flux2.model(**diffusers_flux2.PUBLISHED, var=(0.25, 4.0)).state_dict(),
-          folder / "diffusers.safetensors")
+         folder / "diffusers.safetensors")
 
 
 def _flux2_call(model, op):
