@@ -14,10 +14,8 @@ runs them; ``cpu s`` is the process's CPU time):
   ours     vaekit cache --format musubi --arch wan (exact, float32; stored float32 as musubi-tuner stores
            latents in its VAE's dtype), musubi-tuner's file layout
   musubi   musubi-tuner's wan_cache_latents.py --vae_dtype float32 --device cpu, its defaults otherwise
-           (Wan: no spatial tiling; the encoder runs its own causal time chunks). Its wan/modules/t5.py calls
-           torch.cuda.current_device() at import, which a CPU-only torch refuses: the run answers 0 there
-           (a shim in the command; the T5 is not used by the latent cache), and its wan/modules/clip.py imports
-           torchvision.transforms for the CLIP's preprocessing (I2V only): the shim gives it an empty module
+           (Wan: no spatial tiling; the encoder runs its own causal time chunks), through a shim where a
+           CPU-only torch refuses what its imports do (the comment at the command says what)
 Then the latents of each pair of files are compared (max abs; float32 files).
 """
 from __future__ import annotations
@@ -113,7 +111,7 @@ def main(argv=None) -> None:
     if "ours" in results and "musubi" in results:
         print(f"ours / musubi-tuner: CPU time {results['ours'][1] / results['musubi'][1]:.2f}x, "
               f"wall time {results['ours'][0] / results['musubi'][0]:.2f}x")
-    if "ours" in results and "musubi" in results:
+        from safetensors import safe_open
         from safetensors.torch import load_file
         worst = 0.0
         for f in sorted(results["musubi"][3].glob("*_wan.safetensors")):
@@ -122,7 +120,6 @@ def main(argv=None) -> None:
                 raise SystemExit(f"ours has no {f.name} (theirs: {sorted(x.name for x in results['musubi'][3].iterdir())})")
             x, y = load_file(str(f)), load_file(str(mine))
             assert list(x) == list(y), (list(x), list(y))
-            from safetensors import safe_open
             with safe_open(str(f), "pt") as fx, safe_open(str(mine), "pt") as fy:
                 assert fx.metadata() == fy.metadata(), (fx.metadata(), fy.metadata())
             worst = max(worst, max((x[k].float() - y[k].float()).abs().max().item() for k in x))

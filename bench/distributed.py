@@ -6,20 +6,20 @@ working set against the one-process exact run, and the error against one untiled
 
 Random weights at the published configs (SD's VAE as diffusers' AutoencoderKL; AutoencoderKLWan()),
 saved once to a temporary file that every process loads. One process per rank (file rendezvous),
-each measured as bench/harness/measure.py measures: weights paged in, the peak-RSS mark reset, then the call;
-working set = VmHWM after the call - RSS after load, per rank. `ranks 1` is the one-process exact run (no
-group). 2 cores are shared by all ranks here, so wall time cannot show a speed-up (a GPU per rank
+each measured by bench/harness/measure.py's ``measure``: weights copied in, the peak-RSS mark reset, then
+the call; working set = VmHWM after the call - RSS after load, per rank. `ranks 1` is the one-process exact
+run (no group). 2 cores are shared by all ranks here, so wall time cannot show a speed-up (a GPU per rank
 would); CPU seconds per rank show how the work is split.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -41,42 +41,24 @@ def _case(name: str, size: int, frames: int):
 def worker(a) -> None:
     import datetime
 
-    import numpy as np
     import torch
-    from harness.measure import cpu_s, reset_peak, vm_hwm_kib, vm_rss_kib
+    from harness.measure import measure
     from safetensors.torch import load_file
 
     import vae
     from vae.engine import distributed
     torch.set_num_threads(max(1, a.threads))
     v = vae.load(a.weights)
-    x = load_file(a.input)["x"]
     opts = json.loads(a.opts)
     if a.world > 1:
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world,
                                 timeout=datetime.timedelta(seconds=3600))
 
-        def fn(t):
-            with distributed.ranks():
-                return v.decode(t, **opts)
-    else:
-        def fn(t):
+    def fn(t):
+        with distributed.ranks() if a.world > 1 else contextlib.nullcontext():
             return v.decode(t, **opts)
-    with torch.no_grad():                     # page every weight in: that is loading, not the call
-        for t in v.model.parameters():
-            t.sum()
-    rss_load, reset = vm_rss_kib(), reset_peak()
-    t0, c0 = time.perf_counter(), cpu_s()
-    with torch.inference_mode():
-        out = fn(x)
-    wall, cpu = time.perf_counter() - t0, cpu_s() - c0
-    # VmHWM (this process's peak, which the reset set to its RSS), not ru_maxrss: that also keeps the
-    # peak of exited threads (gloo's, exact mode's tile threads) from before the reset
-    peak = vm_hwm_kib()
-    np.save(f"{a.out}.npy", out.numpy())
-    Path(f"{a.out}.json").write_text(json.dumps(dict(best_s=wall, cpu_s=cpu, working_set_mib=(peak - rss_load) / 1024,
-                                                     peak_reset=reset)))
+    measure(fn, load_file(a.input)["x"], v.model, 1, Path(a.out))
     if a.world > 1:
         dist.destroy_process_group()
 
@@ -98,9 +80,9 @@ def main(argv=None) -> None:
         return worker(a)
     import numpy as np
     import torch
-    from safetensors.torch import save_file
 
     import vae
+    from harness import save
     cases = [a.only] if a.only else ["kl", "wan"]
     print(f"{'case':<28} {'ranks':>5} {'rank':>4} {'wall s':>7} {'cpu s':>7} {'work MiB':>9} {'vs 1 rank':>9} "
           f"{'max err':>9}")
@@ -111,7 +93,7 @@ def main(argv=None) -> None:
             tile = a.tile or (256 if name == "kl" else 64)
             z, opts = _case(name, size, a.frames)
             weights = write_weights(FAMILIES[name], d)
-            save_file({"x": z}, str(d / f"{name}.in.safetensors"))
+            save({"x": z}, d / f"{name}.in.safetensors")
             with torch.inference_mode():
                 want = vae.load(weights).decode(z, **opts).numpy()      # one untiled pass
             label = f"{name} {'x'.join(map(str, z.shape[2:]))} latent, tile {tile}"

@@ -69,8 +69,6 @@ def seams(a) -> None:
         ours = vae.load(write_weights(family, Path(d)))
         from harness.workers import diffusers_from_file
         ref = diffusers_from_file(getattr(diffusers, family.diffusers), Path(d) / "diffusers.safetensors", **family.kwargs)
-    for flag in ("use_framewise_decoding", "use_framewise_encoding", "use_tiling"):
-        setattr(ref, flag, False)
     dims = shape(family, "decode", a.size or family.size)
     z = torch.randn(*dims, generator=torch.Generator().manual_seed(SEED))
     r, t = family.temporal, dims[2]

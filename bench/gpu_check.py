@@ -612,9 +612,8 @@ def row_f(env: Env):
 
 def row_g(env: Env):
     """ComfyUI core's VAE Decode and VAE Decode (Tiled) on the same Wan 2.1 weights and latent as ours."""
-    sys.path.insert(0, str(Path(env.comfyui).resolve()))
-    from comfy.cli_args import args
-    args.cpu = not env.cuda
+    from harness import comfy_core
+    comfy_core.start(str(Path(env.comfyui).resolve()), cpu=not env.cuda)
     import comfy.sd
 
     from vae.archs.wan_layout import to_original
@@ -639,15 +638,13 @@ def row_g(env: Env):
 
 def row_n(env: Env):
     """The exact decode across two devices (NCCL; on the CPU two gloo ranks) against one device."""
-    from safetensors.torch import save_file
-
     import vae
+    from harness import save
     from vae.workers import Pool
     devices, dtype, (h, w, t) = ["cuda:0", "cuda:1"] if env.cuda else ["cpu", "cpu"], env.half, SIZES[env.small]["n"]
     z, tile = inputs(env.entry("wan"), "decode", (h, w, t), 9), 16 * max(1, w // 64)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
-        save_file({k: x.contiguous().cpu() for k, x in configs.build(env.entry("wan"), env.device, dtype)
-                   .state_dict().items()}, f"{tmp}/wan.safetensors")
+        save(configs.build(env.entry("wan"), env.device, dtype).state_dict(), f"{tmp}/wan.safetensors")
         v = vae.load(f"{tmp}/wan.safetensors", dtype=dtype, device=devices[0])
         one, p1 = measured(env, lambda: v.decode(z, tile=tile, mode="exact"))
         pool = Pool(devices)

@@ -4,18 +4,10 @@
     python bench/comfyui_checks/browser_check.py ... --only image_tiled_roundtrip --screenshots workflows/screenshots
 
 Needs Chromium and its driver (Debian: `chromium`, `chromium-driver`) and `selenium` for this python;
-ComfyUI's venv needs `comfyui-frontend-package`. The server is the one `run_in_comfyui.py` starts (a
-fresh base directory with the demo files and tiny random-weight VAEs under the names the graphs use;
-the pack linked into its custom_nodes). First our nodes as the server describes them (`/object_info`:
-V3 schemas where the core has comfy_api.latest) against their V1 declarations (`INPUT_TYPES`,
-`RETURN_TYPES`/`RETURN_NAMES` read in this python): same inputs in the same order with the same
-options, same outputs. Then per workflow: `app.loadGraphData(file)`; every node type must be known to
-the server and no node flagged with errors; every combo widget must hold one of its choices (a value
-the frontend would reject); after a POST /free that resets the server's cache (so every node runs),
-the graph is queued from the page (`app.queuePrompt`) and must end in success in /history; a
-screenshot is saved; then it is queued again unchanged and every node must be served from ComfyUI's
-cache (the `execution_cached` message lists it; no graph has a randomizing widget). Columns: loaded,
-ran (seconds), cached (nodes cached / nodes, seconds). Exit status 1 on any failure.
+ComfyUI's venv needs `comfyui-frontend-package`. The server is the one `run_in_comfyui.py` starts. What it
+checks, in the order it checks it (our nodes' V3 schemas against their V1 declarations, then each workflow
+loaded, run and re-queued from the page): docs/comfyui.md. A screenshot of each workflow is saved. Columns:
+loaded, ran (seconds), cached (nodes cached / nodes, seconds). Exit status 1 on any failure.
 """
 from __future__ import annotations
 

@@ -1,30 +1,18 @@
 """Our VAE inside ComfyUI core's own family nodes, beside core's VAE on the same file, and what core's
-memory manager is told about each.
+memory manager is told about each (docs/comfyui.md: the nodes of each family and what they showed).
 
     python bench/comfyui_checks/check_core_nodes.py --comfyui PATH/TO/ComfyUI --python PATH/TO/venv/bin/python
     python bench/comfyui_checks/check_core_nodes.py ... --families wan,flux2
 
 Core's nodes call ``vae.encode`` (and read ``latent_channels``, ``spacial_compression_encode``,
-``downscale_index_formula``) on whatever arrives on their VAE socket. This runs those nodes from core's
-own code, once with core's ``comfy.sd.VAE`` and once with our ``VAEKitVAE``, both from the same file
-(random weights at the published config, a fixed seed, in the layout core's files have), and prints the
-max abs difference of every tensor they return; then core's ``VAEDecode`` of the node's latent (up to
-32x32 latent pixels) and of its first latent frame.
-Per family (a node this core does not have is reported as absent):
-  wan               WanImageToVideo, WanFirstLastFrameToVideo (start/end images -> concat_latent_image),
-                    TextEncodeQwenImageEdit (Qwen-Image's VAE is Wan 2.1's; a stand-in CLIP)
-  wan2.2            Wan22ImageToVideoLatent (the normalised LATENT and its noise mask)
-  ltx               LTXVImgToVideo (LTX-Video 0.9.0: the image's latent in frame 0 and the noise mask)
-  hunyuan_video15   HunyuanVideo15ImageToVideo (concat_latent_image and concat_mask)
-  flux2             VAEEncode + ReferenceLatent (Flux.2's reference_latents: 2x2-packed, BatchNorm-normalised)
-  svd               SVD_img2vid_Conditioning (the init frame's concat_latent_image [1, 4, h, w], the empty
-                    LATENT [T, 4, h, w]) and VAE Decode of a 4-frame LATENT [4, 4, h, w] (one clip)
-Memory: every ``comfy.model_management.load_models_gpu`` call is recorded (the model and its
-``memory_required``). Core's VAE tells it its ``memory_used_encode/decode`` formula; ours is registered
-with the memory manager as ``nodes/_comfy.place`` does for a GPU (on this CPU-only machine ``place``
-registers nothing), so its calls are the ones a GPU run makes. Beside them: each VAE's answer to
-core's hooks (``memory_used_encode/decode(shape, dtype)``, ``handles_tiling``, the model's
-``comfy_has_chunked_io``) for the shape the node encoded and decoded.
+``downscale_index_formula``) on whatever arrives on their VAE socket. This runs each family's nodes
+(``_cases``; a node this core does not have is reported as absent) from core's own code, once with core's
+``comfy.sd.VAE`` and once with our ``VAEKitVAE``, both from the same file (random weights at the published
+config, a fixed seed, in the layout core's files have), and prints the max abs difference of every tensor
+they return; then core's ``VAEDecode`` of the node's latent (up to 32x32 latent pixels) and of its first
+latent frame. Memory: every ``comfy.model_management.load_models_gpu`` call is recorded (the model and its
+``memory_required``), ours registered with the memory manager as ``nodes/_comfy.place`` does for a GPU;
+beside them, each VAE's answers to core's hooks for the shapes the node used.
 The weights are written by this python (it needs diffusers); the nodes run under ComfyUI's python
 (this file in --worker mode), one process per family. Nothing is asserted; "agree" means max abs < 1e-4.
 """
@@ -42,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared harness
+import harness
 from harness import comfy_core
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,7 +140,7 @@ def worker(a) -> None:
     import comfy.sd
     import nodes
     from comfy.model_patcher import ModelPatcher
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     _pack()
     from vaekit.nodes import _comfy
     from vaekit.nodes.socket import VAEKitVAE
@@ -198,7 +187,7 @@ def worker(a) -> None:
                 delattr(v, op)
             report["hooks"][f"{case}.{who}"] = {**_hooks(v, v.first_stage_model, shapes), "told": list(told)}
             out.update({f"{case}.{k}.{who}": t.contiguous().float() for k, t in res.items()})
-    save_file(out, str(d / "out.safetensors"))
+    harness.save(out, d / "out.safetensors")
     (d / "report.json").write_text(json.dumps(report))
 
 
@@ -226,7 +215,6 @@ def _model_layout(vae, x: torch.Tensor, op: str) -> tuple:
 
 def write_weights(family: str, path: Path) -> None:
     import diffusers
-    from safetensors.torch import save_file
     for p in (ROOT, ROOT / "tests", ROOT / "tests" / "vae", ROOT / "bench", ROOT / "bench" / "comfyui_checks"):
         sys.path.insert(0, str(p))
     import vae
@@ -249,7 +237,7 @@ def write_weights(family: str, path: Path) -> None:
         sd = svd_original_layout(svd_model().state_dict())        # svd_xt's first stage, core's names
     else:
         raise SystemExit(f"unknown family {family!r}: one of {', '.join(FAMILIES)}")
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    harness.save(sd, path)
 
 
 def run(comfyui: str, python: str, families, threads: int = 2) -> list[dict]:

@@ -3,16 +3,10 @@ with a patched encoder, Select VAE Device, and a multi-GPU clone made from the V
 
     COMFYUI_DIR=PATH/TO/ComfyUI PATH/TO/ComfyUI/venv/bin/python bench/comfyui_checks/check_patcher.py
 
-What it runs (nodes/patcher.py lists what core reads), each against the result it must give:
-- ``model_management.load_models_gpu([vae.patcher])``: our VAE's patcher is core's ModelPatcher around
-  ``vae.first_stage_model``; core's size and device reads agree with the model's;
-- ``SUPIRApply._encode_with_denoise_encoder`` (core's SUPIR Apply) with a denoise encoder of other weights: the
-  latent equals the one of a VAE built with those encoder weights, and the next plain encode equals the
-  original VAE's again (core's memory manager takes the patches off); a VAE whose weights the patches do not
-  name (the TAESD-architecture demo VAE) refuses with the attribute and why, never encodes unpatched;
-- ``SelectVAEDevice`` ("default"; no second GPU here) and ``ModelPatcher.deepclone_multigpu`` (a fresh model
-  from the VAE's file through ``cached_patcher_init``, as Select VAE Device makes for another GPU), then
-  core's VAE Decode on the result: the same image as the original VAE's.
+What it runs, each against the result it must give (docs/comfyui.md, "Core's patcher contract", has the table;
+nodes/patcher.py lists what core reads): core's memory manager on ``vae.patcher``, SUPIR Apply's patched encode
+(then the plain encode again, and the refusal on a VAE whose weights the patches do not name), Select VAE
+Device and a multi-GPU clone from the VAE's file, each followed by core's VAE Decode.
 A tiny AutoencoderKL (random weights, seeded; SD's layout, whose encoder keys SUPIR patches) is written to a
 temporary file. Prints one line per check and exits 1 on any failure (tests/nodes/test_patcher.py runs it when
 COMFYUI_DIR and COMFYUI_PYTHON are set)."""
@@ -33,12 +27,12 @@ TOL = 1e-5                               # the same maths on the same weights, C
 
 def _tiny_kl(folder: Path) -> Path:
     import torch
-    from safetensors.torch import save_file
+    from harness import save
     from vaekit.vae.archs import kl
     torch.manual_seed(0)
     model = kl.SPEC.build(kl.KLConfig(ch=32, ch_mult=(1, 2), num_res_blocks=1, z_channels=4, embed_dim=4))
     path = folder / "tiny_kl.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    save(model.state_dict(), path)
     return path
 
 

@@ -13,7 +13,7 @@ Core runs in a subprocess under ``--python`` (ComfyUI's venv; CPU, fp32 unless a
 this file with ``--worker``), ours in this process. Rows: max and mean abs difference and the max over the
 larger side's largest magnitude; pixels 0..1 for decode, LATENTs for encode. ``parity`` rows compare the
 same computation (``--check`` fails on them); the others show where the references differ, each with the
-documented reason (``--list``).
+documented reason (``--list``: docs/core_differences.md).
 """
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+DIFFERENCES = ROOT / "docs" / "core_differences.md"      # each family's documented differences (--list)
 sys.path[:0] = [str(HERE.parent), str(HERE)]           # bench/: the shared harness; here: the families
+import harness  # noqa: E402
 from harness import comfy_core  # noqa: E402
 from core_families import FAMILIES  # noqa: E402
 
@@ -55,10 +57,9 @@ class Run:
         if proc.returncode:
             sys.exit(f"worker {step} FAILED:\n{(proc.stderr or proc.stdout)[-3000:]}")
 
-    def ours_out(self, name: str, case: comfy_core.Case, handle=None, x=None):
+    def ours_out(self, name: str, case: comfy_core.Case, handle=None):
         """Ours on a case, as the family's IO lays it out."""
-        io, h = self.fam.io, handle or self.ours[case.file or next(iter(self.ours))]
-        x = self.inputs[name] if x is None else x
+        io, h, x = self.fam.io, handle or self.ours[case.file or next(iter(self.ours))], self.inputs[name]
         return io.ours_decode(h, x) if case.op == "decode" else io.ours_encode(h, x)
 
     def core_row(self, name: str, case: comfy_core.Case, ours=None, note: str = "", parity: bool = True,
@@ -87,8 +88,7 @@ class Worker:
         return json.loads((self.d / "files.json").read_text())
 
     def save(self, stem: str = "core") -> None:
-        from safetensors.torch import save_file
-        save_file({k: t.float().contiguous() for k, t in self.out.items()}, str(self.d / f"{stem}.safetensors"))
+        harness.save({k: t.float() for k, t in self.out.items()}, self.d / f"{stem}.safetensors")
         (self.d / f"{stem}.json").write_text(json.dumps(self.info))
 
 
@@ -122,19 +122,10 @@ def cases_of(fam, variant: str) -> dict:
 
 def write_files(run: Run) -> list[str]:
     """The family's files in ``run.d`` (built here, or by core's classes in a worker); their names."""
-    from safetensors.torch import save_file
-    fam = run.fam
-    if fam.core_files:
+    if run.fam.core_files:
         run.call("files")
         return json.loads((run.d / "files.json").read_text())
-    names = []
-    for name, tensors in fam.files(run).items():       # None: a file the family wrote itself
-        sd, meta = tensors if isinstance(tensors, tuple) else (tensors, None)
-        if sd is not None:
-            save_file({k: t.contiguous() for k, t in sd.items()}, str(run.d / name), metadata=meta)
-        names.append(name)
-    (run.d / "files.json").write_text(json.dumps(names))
-    return names
+    return harness.save_files(run.d, run.fam.files(run))
 
 
 def load_ours(run: Run, name: str):
@@ -144,17 +135,16 @@ def load_ours(run: Run, name: str):
 
 def compare(a, name: str, variant: str = "") -> list[dict]:
     """One run of the family ``name`` (at ``variant``): its rows."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     fam = FAMILIES[name]
     with tempfile.TemporaryDirectory(prefix=f"cmp_{name}_", dir=a.tmp) as tmp:
         run = Run(a, name, Path(tmp), variant)
-        write_files(run)
-        files = json.loads((run.d / "files.json").read_text())
+        files = write_files(run)
         every = cases_of(fam, variant)
         cases = {k: c for k, c in every.items() if not a.quick or not fam.quick or k in fam.quick}
         run.inputs = {k: x for k, x in comfy_core.draw(every, fam.seed, fam.extra_inputs).items()
                       if k in cases or k not in every}
-        save_file(run.inputs, str(run.d / "inputs.safetensors"))
+        harness.save(run.inputs, run.d / "inputs.safetensors")
         run.call("core")
         run.core = load_file(str(run.d / "core.safetensors"))
         run.info = json.loads((run.d / "core.json").read_text())
@@ -176,24 +166,24 @@ def compare(a, name: str, variant: str = "") -> list[dict]:
 
 def dry(names) -> None:
     """Each family's files at a tiny size loaded by ours, every dry case through ours: no core."""
-    from safetensors.torch import save_file
     for name in names:
         fam = FAMILIES[name]
         files, cases = fam.dry()
         with tempfile.TemporaryDirectory(prefix=f"dry_{name}_") as tmp:
             run = Run(argparse.Namespace(quick=True), name, Path(tmp))
-            shapes = []
             for f, sd in files.items():
-                save_file({k: t.contiguous() for k, t in sd.items()}, str(run.d / f))
+                harness.save(sd, run.d / f)
                 run.ours[f] = load_ours(run, f)
+            run.inputs = comfy_core.draw(cases, 0)
             with torch.inference_mode():
-                for k, c in comfy_core.draw(cases, 0).items():
-                    case = cases[k]
-                    if case.file not in run.ours:
-                        case = comfy_core.Case(case.op, case.shape, next(iter(files)))
-                    run.inputs[k] = c
-                    shapes.append(f"{k} {tuple(run.ours_out(k, case, x=c).shape)}")
+                shapes = [f"{k} {tuple(run.ours_out(k, c).shape)}" for k, c in cases.items()]
             print(f"{name}: ours {', '.join(h.name for h in run.ours.values())}; {'; '.join(shapes)}", flush=True)
+
+
+def differences() -> dict[str, str]:
+    """docs/core_differences.md by its ``## FAMILY`` sections: family -> the section's text."""
+    sections = (part.partition("\n") for part in DIFFERENCES.read_text().split("\n## ")[1:])
+    return {name.strip(): text.strip() for name, _, text in sections}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -225,10 +215,12 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if a.worker:
         w = Worker(a)
-        return {"files": w.fam.core_files, **w.fam.workers}.get(a.worker, core_worker)(w)
+        steps = {"files": lambda w: harness.save_files(w.d, w.fam.core_files(w)), **w.fam.workers}
+        return steps.get(a.worker, core_worker)(w)
     if a.list:
+        docs = differences()
         for name, fam in FAMILIES.items():
-            print(f"{name}: {fam.title}\n    " + fam.doc.strip().replace("\n", "\n    ") + "\n")
+            print(f"{name}: {fam.title}\n    " + docs[name].replace("\n", "\n    ") + "\n")
         return
     sys.path.insert(0, str(ROOT))
     if a.dry:

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from harness.comfy_core import CLIP, IO, Case, Family, core_vae
+from harness.comfy_core import CLIP, IO, Case, Family, cases, core_vae
 
 SEED = 0
 LTX_091 = dict(decoder_block_out_channels=(256, 512, 1024), decoder_layers_per_block=(5, 6, 7, 8),
@@ -89,10 +89,9 @@ def scale(ours: torch.Tensor, core: torch.Tensor) -> float:
     return ((o * c).sum() / (c * c).sum()).item()
 
 
-def drop_in(family: str, cases: dict, tiny: dict, dry_cases: dict, doc: str,
-            expected: dict = None, io: IO = CLIP) -> Family:
-    """The declaration of a drop-in family: ``cases`` name -> (op, shape), ``expected`` name -> the documented
-    difference of that case; ``tiny`` the config and ``dry_cases`` the inputs of ``--dry``."""
+def drop_in(family: str, shapes: dict, tiny: dict, dry_shapes: dict, expected: dict = None, io: IO = CLIP) -> Family:
+    """The declaration of a drop-in family: its cases, name -> shape (``comfy_core.cases``), ``expected`` name ->
+    the documented difference of that case; ``tiny`` the config and ``dry_shapes`` the inputs of ``--dry``."""
     expected, (cls, kwargs) = expected or {}, SOURCES[family]
 
     def core_extra(w):
@@ -113,67 +112,46 @@ def drop_in(family: str, cases: dict, tiny: dict, dry_cases: dict, doc: str,
 
     return Family(
         title=f"diffusers {cls} (core: its Load VAE's detection), published config, random weights "
-              "(seed 0)", doc=doc, cases={k: Case(*c) for k, c in cases.items()}, io=io,
+              "(seed 0)", cases=cases(shapes), io=io,
         files=lambda run: {f"{family}.safetensors": comfy_weights(family, cls, kwargs)}, core_build=core_vae,
         core_extra=core_extra, case_rows=case_rows,
         dry=lambda: ({f"{family}.safetensors": comfy_weights(family, cls, {**kwargs, **tiny})},
-                     {k: Case(*c) for k, c in dry_cases.items()}))
+                     cases(dry_shapes)))
 
 
 # decode shapes are latents [1, C, t, h, w], encode shapes clips [1, 3, T, H, W]
-_VIDEO = "Weights in ComfyUI's file layout from our canonical one; core loads them with its own detection."
-_WAN = "Written in Wan's original layout (ComfyUI's files); core loads them with its own detection."
-_LTX = ("Random per-channel statistics, so that the in-VAE latent normalisation is exercised; core's per_channel_"
-        "statistics buffers other than the two means/stds are never read (counted as missing in the header).")
 DROP_IN = {
     "mochi": drop_in(
-        "mochi", {"decode_t3": ("decode", (1, 12, 3, 8, 8)), "encode_T1": ("encode", (1, 3, 1, 64, 64)),
-         "encode_T13": ("encode", (1, 3, 13, 64, 64))},
+        "mochi", {"decode_t3": (1, 12, 3, 8, 8), "encode_T1": (1, 3, 1, 64, 64), "encode_T13": (1, 3, 13, 64, 64)},
         dict(encoder_block_out_channels=(32, 32, 32, 64), decoder_block_out_channels=(32, 32, 32, 64),
              layers_per_block=(1,) * 5),
-        {"decode": ("decode", (1, 12, 2, 2, 2)), "encode": ("encode", (1, 3, 7, 16, 16))},
-        _VIDEO + "\nDifferences:\n- core's encoder attention is not causal (multi-frame encodes).",
-        expected={"encode_T13": MOCHI_ATTN}),
+        {"decode": (1, 12, 2, 2, 2), "encode": (1, 3, 7, 16, 16)}, expected={"encode_T13": MOCHI_ATTN}),
     "ltx": drop_in(
-        "ltx", {"decode_t2": ("decode", (1, 128, 2, 4, 4)), "encode_T9": ("encode", (1, 3, 9, 128, 128))},
+        "ltx", {"decode_t2": (1, 128, 2, 4, 4), "encode_T9": (1, 3, 9, 128, 128)},
         dict(latent_channels=16, block_out_channels=(8, 16, 32, 32), decoder_block_out_channels=(8, 16, 32, 32),
              layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 5),
-        {"decode": ("decode", (1, 16, 2, 2, 2)), "encode": ("encode", (1, 3, 9, 64, 64))},
-        "LTX-Video 0.9.0. " + _LTX + " No documented difference."),
+        {"decode": (1, 16, 2, 2, 2), "encode": (1, 3, 9, 64, 64)}),
     "ltx-0.9.1": drop_in(
-        "ltx-0.9.1", {"decode_t2": ("decode", (1, 128, 2, 4, 4))},
+        "ltx-0.9.1", {"decode_t2": (1, 128, 2, 4, 4)},
         dict(latent_channels=16, block_out_channels=(8, 16, 32, 32), decoder_block_out_channels=(8, 16, 32),
              layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 4),
-        {"decode": ("decode", (1, 16, 2, 2, 2)), "encode": ("encode", (1, 3, 9, 64, 64))},
-        "LTX-Video 0.9.1 (timestep-conditioned decoder). " + _LTX + " The latent noise mix is off on both sides "
-        "(noise_scale=0) and the injected-noise scales zeroed in the weights: core draws both unseeded.",
-        io=NO_NOISE),
+        {"decode": (1, 16, 2, 2, 2), "encode": (1, 3, 9, 64, 64)}, io=NO_NOISE),
     "hunyuan_video": drop_in(
-        "hunyuan_video", {"decode_t1": ("decode", (1, 16, 1, 8, 8)), "decode_t3": ("decode", (1, 16, 3, 8, 8)),
-         "encode_T1": ("encode", (1, 3, 1, 64, 64)), "encode_T9": ("encode", (1, 3, 9, 64, 64))},
+        "hunyuan_video", {"decode_t1": (1, 16, 1, 8, 8), "decode_t3": (1, 16, 3, 8, 8), "encode_T1": (1, 3, 1, 64, 64),
+                          "encode_T9": (1, 3, 9, 64, 64)},
         dict(block_out_channels=(32,) * 4, layers_per_block=1),
-        {"decode": ("decode", (1, 16, 2, 2, 2)), "encode": ("encode", (1, 3, 5, 16, 16))},
-        "HunyuanVideo 1.0. " + _VIDEO + "\nDifferences:\n- core's mid-block attention has no causal frame mask "
-        "(multi-frame decodes and encodes).", expected={"decode_t3": HY_MASK, "encode_T9": HY_MASK}),
+        {"decode": (1, 16, 2, 2, 2), "encode": (1, 3, 5, 16, 16)},
+        expected={"decode_t3": HY_MASK, "encode_T9": HY_MASK}),
     "wan": drop_in(
-        "wan", {"decode_t1": ("decode", (1, 16, 1, 8, 8)), "decode_t3": ("decode", (1, 16, 3, 8, 8)),
-         "encode_T1": ("encode", (1, 3, 1, 64, 64)), "encode_T9": ("encode", (1, 3, 9, 64, 64))},
-        dict(base_dim=8, z_dim=16),
-        {"decode": ("decode", (1, 16, 2, 2, 2)), "encode": ("encode", (1, 3, 5, 16, 16))},
-        "Wan 2.1 (diffusers' default config is the published one). " + _WAN + " No documented difference."),
+        "wan", {"decode_t1": (1, 16, 1, 8, 8), "decode_t3": (1, 16, 3, 8, 8), "encode_T1": (1, 3, 1, 64, 64),
+                "encode_T9": (1, 3, 9, 64, 64)},
+        dict(base_dim=8, z_dim=16), {"decode": (1, 16, 2, 2, 2), "encode": (1, 3, 5, 16, 16)}),
     "wan2.2": drop_in(
-        "wan2.2", {"decode_t1": ("decode", (1, 48, 1, 4, 4)), "decode_t3": ("decode", (1, 48, 3, 4, 4)),
-         "encode_T1": ("encode", (1, 3, 1, 64, 64)), "encode_T9": ("encode", (1, 3, 9, 64, 64))},
-        dict(base_dim=8, decoder_base_dim=12, z_dim=12),
-        {"decode": ("decode", (1, 12, 2, 2, 2)), "encode": ("encode", (1, 3, 5, 32, 32))},
-        "Wan 2.2 at its published config. " + _WAN + " No documented difference."),
+        "wan2.2", {"decode_t1": (1, 48, 1, 4, 4), "decode_t3": (1, 48, 3, 4, 4), "encode_T1": (1, 3, 1, 64, 64),
+                   "encode_T9": (1, 3, 9, 64, 64)},
+        dict(base_dim=8, decoder_base_dim=12, z_dim=12), {"decode": (1, 12, 2, 2, 2), "encode": (1, 3, 5, 32, 32)}),
     # an image VAE: decode shapes are latents [1, C, h, w], encode shapes images [1, 3, H, W]
     "qwen21": drop_in(
-        "qwen21", {"decode_8x8": ("decode", (1, 64, 8, 8)), "encode_128x128": ("encode", (1, 3, 128, 128))},
-        dict(base_dim=8, decoder_base_dim=12),
-        {"decode": ("decode", (1, 64, 2, 2)), "encode": ("encode", (1, 3, 32, 32))},
-        "Qwen-Image 2.1's VAE (an image VAE: RGB images both sides pad with opaque alpha, RGBA out), in Wan's "
-        "layout with its causal convs 5-D of time size 1. Only a core that has its branch in comfy/sd.py (upstream "
-        "after 783545f6, e.g. 0.38.1: Wan 2.2's class with temporal_kernel=1) loads it; an older one fails the "
-        "run. No documented difference.", io=IMAGES),
+        "qwen21", {"decode_8x8": (1, 64, 8, 8), "encode_128x128": (1, 3, 128, 128)},
+        dict(base_dim=8, decoder_base_dim=12), {"decode": (1, 64, 2, 2), "encode": (1, 3, 32, 32)}, io=IMAGES),
 }

@@ -1,6 +1,7 @@
 """The families compare_core.py compares against ComfyUI core: for each, the published config and its random
-weights, how core builds it, the inputs, and every documented difference between core and ours (``doc``,
-printed by ``compare_core.py --list``). The builders of the published weights are also the bench scripts'.
+weights, how core builds it and the inputs; every documented difference between core and ours is its section
+of docs/core_differences.md (printed by ``compare_core.py --list``). The builders of the published weights
+are also the bench scripts'.
 
 Weights are random under fixed seeds (no published file is available offline), written once in the file
 layout core loads; core loads it as its Load VAE does unless the family says otherwise."""
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from harness import comfy_core, module_at, repo_on_path
-from core_dropin import DROP_IN
-from harness.comfy_core import CLIP_CLAMPED, FRAMES, IMAGE_CLAMPED, SOCKET, Case, Family, core_vae
+from comfyui_checks.core_dropin import DROP_IN       # a package import: harness/families.py imports this one
+from harness import comfy_core, module_at, repo_on_path, save
+from harness.comfy_core import CLIP_CLAMPED, FRAMES, IMAGE_CLAMPED, SOCKET, Case, Family, cases, core_vae
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 0
@@ -31,11 +32,12 @@ def jittered(model, seed: int):
     return model
 
 
-def diffusers_jittered(cls, seed: int = SEED, **config):
-    """diffusers' model ``cls`` at ``config`` (default: its defaults, the published one), random weights
-    seeded with ``seed``, norms jittered (seed + 1)."""
+def diffusers_jittered(cls: str, seed: int = SEED, **config):
+    """diffusers' model of class ``cls`` (its name) at ``config`` (default: its defaults, the published one),
+    random weights seeded with ``seed``, norms jittered (seed + 1)."""
+    import diffusers
     torch.manual_seed(seed)
-    return jittered(cls(**config).eval(), seed + 1)
+    return jittered(getattr(diffusers, cls)(**config).eval(), seed + 1)
 
 
 def drawn(shapes: dict, seed: int = SEED) -> dict:
@@ -68,8 +70,20 @@ def exact_row(run, k: str, c: Case, tile: int) -> None:
     run.table.add(f"{k} exact {tile} px tiles", y, run.core[k], "vs core", True, c.op)
 
 
-def _dry(files: dict, **cases) -> tuple[dict, dict]:
-    return files, {k: Case(*c) for k, c in cases.items()}
+def tile_rows(run, k: str, op: str, core_tiled, tile: int, overlap: int, core_note: str = "") -> None:
+    """The rows of case ``k`` against core untiled (``run.core[k]``): core's VAE Decode / Encode (Tiled)
+    ``core_tiled`` and ours fast, both ``tile``/``overlap`` px, and ours exact ``tile`` px tiles (parity)."""
+    call, x, untiled, add = getattr(run.ours[next(iter(run.ours))], op), run.inputs[k], run.core[k], run.table.add
+    add(f"{k}: core tiled {tile}/{overlap}", core_tiled, untiled,
+        f"core VAE {op.capitalize()} (Tiled){core_note} vs core untiled", False)
+    add(f"{k}: ours fast {tile}/{overlap}", call(x, tile=tile, overlap=overlap), untiled,
+        "ours fast tiles vs core untiled", False)
+    add(f"{k}: ours exact {tile}", call(x, tile=tile, mode="exact"), untiled, "ours exact tiles vs core untiled", True)
+
+
+def _dry(files: dict, decode: tuple, encode: tuple) -> tuple[dict, dict]:
+    """``Family.dry``'s answer: the files and one decode and one encode of these shapes."""
+    return files, cases({"decode": decode, "encode": encode})
 
 
 def _outside(raw: torch.Tensor) -> str:
@@ -79,8 +93,7 @@ def _outside(raw: torch.Tensor) -> str:
 # ---- CogVideoX ------------------------------------------------------------------------------------
 
 def _cogvideox_files(run) -> dict:
-    import diffusers
-    run.state["ref"] = ref = diffusers_jittered(diffusers.AutoencoderKLCogVideoX)
+    run.state["ref"] = ref = diffusers_jittered("AutoencoderKLCogVideoX")
     return {"cogvideox.safetensors": ref.state_dict()}
 
 
@@ -107,33 +120,16 @@ def _cogvideox_case(run, k: str, c: Case) -> None:
     add(f"{k} vs diffusers one pass", ours, one, "the original's encode", True, c.op)
 
 
-def _cogvideox_dry():
-    import diffusers
-    m = diffusers_jittered(diffusers.AutoencoderKLCogVideoX, block_out_channels=(32,) * 4, layers_per_block=1)
-    return _dry({"cogvideox.safetensors": m.state_dict()}, decode=("decode", (1, 16, 3, 4, 4)),
-                encode=("encode", (1, 3, 5, 32, 32)))
-
-
 COGVIDEOX = Family(
     title="CogVideoX VAE (core: comfy/ldm/cogvideo/vae.py), published config, random weights (seed 0)",
-    doc="""Weights: diffusers' AutoencoderKLCogVideoX at its default config, which is every published one (2B, 5B,
-5B-I2V, 1.5-5B), GroupNorm affines and SpatialNorm convs jittered, saved with diffusers' keys (= ComfyUI's).
-diffusers runs in this process on the module the weights came from.
-Differences:
-- core's VAE Decode runs conv_in, the mid block and the two time-resampling levels over the whole clip and the
-  rest in 4-frame chunks; its VAE Encode runs the T % 8 leftover frames, then 8 at a time: GroupNorm
-  statistics over other frames than the original's. Parity with core only for one frame and encodes of <= 8.
-- `vs core, original's grouping`: core's own model run as the original groups frames (decode: its
-  _decode_batched, batches of 2 latent frames, the first with t % 2 more; encode: its encoder in one pass),
-  which isolates the grouping as the difference.
-- diffusers encodes in 8-frame batches (one pass up to 15 frames); `diffusers one pass` is the original's.""",
-    cases={"decode_t1": Case("decode", (1, 16, 1, 8, 8)), "decode_t3": Case("decode", (1, 16, 3, 4, 4)),
-           "decode_t4": Case("decode", (1, 16, 4, 4, 4)), "decode_t13": Case("decode", (1, 16, 13, 4, 4)),
-           "encode_T1": Case("encode", (1, 3, 1, 64, 64)), "encode_T5": Case("encode", (1, 3, 5, 32, 32)),
-           "encode_T9": Case("encode", (1, 3, 9, 32, 32)), "encode_T17": Case("encode", (1, 3, 17, 32, 32)),
-           "encode_T49": Case("encode", (1, 3, 49, 32, 32))},
+    cases=cases({"decode_t1": (1, 16, 1, 8, 8), "decode_t3": (1, 16, 3, 4, 4), "decode_t4": (1, 16, 4, 4, 4),
+                 "decode_t13": (1, 16, 13, 4, 4), "encode_T1": (1, 3, 1, 64, 64), "encode_T5": (1, 3, 5, 32, 32),
+                 "encode_T9": (1, 3, 9, 32, 32), "encode_T17": (1, 3, 17, 32, 32), "encode_T49": (1, 3, 49, 32, 32)}),
     quick=("decode_t1", "decode_t3", "encode_T1", "encode_T5", "encode_T9"),
-    files=_cogvideox_files, core_extra=_cogvideox_core, case_rows=_cogvideox_case, dry=_cogvideox_dry)
+    files=_cogvideox_files, core_extra=_cogvideox_core, case_rows=_cogvideox_case,
+    dry=lambda: _dry({"cogvideox.safetensors": diffusers_jittered(
+        "AutoencoderKLCogVideoX", block_out_channels=(32,) * 4, layers_per_block=1).state_dict()},
+        (1, 16, 3, 4, 4), (1, 3, 5, 32, 32)))
 
 
 # ---- Cosmos-1 --------------------------------------------------------------------------------------
@@ -142,10 +138,9 @@ def cosmos_weights(**config) -> tuple[dict, object]:
     """diffusers' AutoencoderKLCosmos at ``config`` (default: the published CV8x8x8-1.0) in the original's
     layout (core's file: ``.conv3d`` / ``.norm`` wrappers, the wavelet constants, the latent statistics as
     ``latent_mean`` / ``latent_std``), and the diffusers model."""
-    import diffusers
     repo_on_path()
     from vae.archs import cosmos_layout
-    ref = diffusers_jittered(diffusers.AutoencoderKLCosmos, **config)
+    ref = diffusers_jittered("AutoencoderKLCosmos", **config)
     weights = cosmos_layout.to_original(cosmos_layout.to_canonical(ref.state_dict()))
     if ref.config.latents_mean is not None:
         weights.update(latent_mean=torch.tensor(ref.config.latents_mean), latent_std=torch.tensor(ref.config.latents_std))
@@ -181,29 +176,15 @@ def _cosmos_case(run, k: str, c: Case) -> None:
         run.table.add(f"{k} vs core model, raw", v.model.encode(x * 2 - 1), run.core[k + " raw"], "raw latents", True)
 
 
-def _cosmos_dry():
-    weights, _ = cosmos_weights(encoder_block_out_channels=(8, 8, 16, 16), decode_block_out_channels=(8, 16, 16, 16),
-                                num_layers=1)
-    return _dry({"cosmos.safetensors": weights}, decode=("decode", (1, 16, 2, 2, 2)),
-                encode=("encode", (1, 3, 9, 16, 16)))
-
-
 COSMOS = Family(
     title="Cosmos-1 tokenizer CV8x8x8 (core: comfy/ldm/cosmos/vae.py), published config, random weights (seed 0)",
-    doc="""Weights: diffusers' AutoencoderKLCosmos at its default config (the published CV8x8x8-1.0, the one core
-builds for cosmos_cv8x8x8_1.0.safetensors), norm affines jittered, written in the original's layout with the
-published latent statistics as latent_mean / latent_std, for core and for ours.
-Rows:
-- `diffusers`: its pipelines' LATENT rule around the model (decode: z * std / 0.5 + mean before decode;
-  encode: (z - mean) * 0.5 / std after encode), pixels mapped and clamped as ComfyUI does; they differ from
-  ComfyUI only in where that rule lives.
-- `core model, raw`: core's tokenizer modules without the statistics (decode: post_quant_conv and decoder;
-  encode: encoder and quant_conv) against ours, in [-1, 1] / raw latents.""",
-    cases={"decode_t1": Case("decode", (1, 16, 1, 8, 8)), "decode_t3": Case("decode", (1, 16, 3, 4, 6)),
-           "decode_t18": Case("decode", (1, 16, 18, 2, 2)), "encode_T1": Case("encode", (1, 3, 1, 64, 64)),
-           "encode_T9": Case("encode", (1, 3, 9, 32, 48)), "encode_T17": Case("encode", (1, 3, 17, 32, 32))},
+    cases=cases({"decode_t1": (1, 16, 1, 8, 8), "decode_t3": (1, 16, 3, 4, 6), "decode_t18": (1, 16, 18, 2, 2),
+                 "encode_T1": (1, 3, 1, 64, 64), "encode_T9": (1, 3, 9, 32, 48), "encode_T17": (1, 3, 17, 32, 32)}),
     quick=("decode_t1", "decode_t3", "encode_T1", "encode_T9"),
-    files=_cosmos_files, core_extra=_cosmos_core, case_rows=_cosmos_case, dry=_cosmos_dry)
+    files=_cosmos_files, core_extra=_cosmos_core, case_rows=_cosmos_case,
+    dry=lambda: _dry({"cosmos.safetensors": cosmos_weights(encoder_block_out_channels=(8, 8, 16, 16), num_layers=1,
+                                                            decode_block_out_channels=(8, 16, 16, 16))[0]},
+                     (1, 16, 2, 2, 2), (1, 3, 9, 16, 16)))
 
 
 # ---- SeedVR2 ---------------------------------------------------------------------------------------
@@ -246,14 +227,8 @@ def _seedvr2_core(w) -> None:
 def _seedvr2_case(run, k: str, c: Case) -> None:
     v, x, t = run.ours[next(iter(run.ours))], run.inputs[k], SEEDVR2_TILES
     if k.startswith("tiles"):
-        call, untiled = getattr(v, c.op), run.core[k]
         run.core_row(k, c, label=f"{k}: ours untiled")
-        run.table.add(f"{k}: core tiled 512/128", run.core[k + " tiled"], untiled,
-                      f"core VAE {c.op.capitalize()} (Tiled) vs core untiled", False)
-        run.table.add(f"{k}: ours fast 512/128", call(x, tile=t["tile"], overlap=t["overlap"]), untiled,
-                      "ours fast tiles vs core untiled", False)
-        run.table.add(f"{k}: ours exact 512", call(x, tile=t["tile"], mode="exact"), untiled,
-                      "ours exact tiles vs core untiled", True)
+        tile_rows(run, k, c.op, run.core[k + " tiled"], t["tile"], t["overlap"])
     elif c.op == "decode":
         run.core_row(k, c)
         run.table.add(f"{k} (ours one pass)", ((v.model.decode(x) + 1) / 2).clamp(0, 1), run.core[k],
@@ -272,25 +247,14 @@ def _seedvr2_rows(run) -> None:
 
 SEEDVR2_FAMILY = Family(
     title="SeedVR2 VAE (core: comfy/ldm/seedvr/vae.py), published config, random weights (seed 0)",
-    doc="""Weights: ours at the published config (widths 128/256/512/512, 2 resnets a level, temporal levels 1 and
-2, 16 latent channels; core hard-codes it; diffusers has no SeedVR2 class), GroupNorm affines jittered,
-written in core's layout (seedvr2_layout.to_original). --quick leaves out the 640x640 tile rows.
-Differences:
-- `encode_T11`: core encodes all 11 frames (its causal encoder ignores the 2 past the last group of 4); ours
-  takes the first 9, as our nodes and core's VAE Encode of other video VAEs do.
-- `core chunks vs one pass`: core's model with its slicing and 0.5 GiB splits (its definition) against the
-  same model with both off.
-- tiles (one 640x640 frame): core's tiled path (what the SeedVR2 templates run: the model's own 256..512 px
-  tiler, cosine blends, 512/128 px) and ours fast (blended tiles) and exact, each against core untiled.""",
-    cases={"decode_t1": Case("decode", (1, 16, 1, 8, 8)), "decode_t5": Case("decode", (1, 16, 5, 8, 8)),
-           "encode_T1": Case("encode", (1, 3, 1, 64, 64)), "encode_T17": Case("encode", (1, 3, 17, 64, 64)),
-           "encode_T11": Case("encode", (1, 3, 11, 64, 64)),
-           "tiles_decode": Case("decode", (1, 16, 1, 80, 80)), "tiles_encode": Case("encode", (1, 3, 1, 640, 640))},
+    cases=cases({"decode_t1": (1, 16, 1, 8, 8), "decode_t5": (1, 16, 5, 8, 8), "encode_T1": (1, 3, 1, 64, 64),
+                 "encode_T17": (1, 3, 17, 64, 64), "encode_T11": (1, 3, 11, 64, 64),
+                 "tiles_decode": (1, 16, 1, 80, 80), "tiles_encode": (1, 3, 1, 640, 640)}),
     quick=("decode_t1", "decode_t5", "encode_T1", "encode_T17", "encode_T11"),
     files=lambda run: {"seedvr2_ema_vae.safetensors": seedvr2_weights()}, core_extra=_seedvr2_core,
     case_rows=_seedvr2_case, rows=_seedvr2_rows,
     dry=lambda: _dry({"seedvr2.safetensors": seedvr2_weights(widths=(32,) * 4, layers_per_block=1)},
-                     decode=("decode", (1, 16, 2, 4, 4)), encode=("encode", (1, 3, 5, 32, 32))))
+                     (1, 16, 2, 4, 4), (1, 3, 5, 32, 32)))
 
 
 # ---- Stable Video Diffusion -----------------------------------------------------------------------
@@ -414,42 +378,21 @@ def _svd_rows(run) -> None:
         "core's free-memory rule", False)
     add("5-D [1, 4, 4, h, w]: core vs ours", got["5d"], v.decode(x4.movedim(0, 1).unsqueeze(0))[0].movedim(1, 0),
         "core keeps frame 0; ours decodes the clip", False)
-    x, untiled = run.inputs["tiles_decode"], got["tiles_decode"]
-    add(f"tiles: ours exact {SVD_TILE} px vs core untiled", v.decode(x, tile=SVD_TILE, mode="exact"), untiled)
-    add(f"tiles: ours fast {SVD_TILE}/{SVD_OVERLAP} vs core untiled",
-        v.decode(x, tile=SVD_TILE, overlap=SVD_OVERLAP), untiled, "", False)
-    add(f"tiles: core tiled {SVD_TILE}/{SVD_OVERLAP} vs core untiled", got["tiled"], untiled,
-        "core VAE Decode (Tiled), its three-pass average", False)
+    tile_rows(run, "tiles_decode", "decode", got["tiled"], SVD_TILE, SVD_OVERLAP, ", its three-pass average")
 
 
 SVD_FAMILY = Family(
     title="Stable Video Diffusion VAE (core: AutoencodingEngine + temporal_ae.VideoDecoder), published config, "
           "random weights (seed 0)",
-    doc="""Weights: diffusers' AutoencoderKLTemporalDecoder at svd_xt's vae/config.json (128/256/512/512, 2 layers a
-block, 4 latent channels), GroupNorm affines jittered, mix factors drawn; diffusers' quant_conv (its
-conversion takes the encoder from the checkpoint's conditioner embedder) set to the identity, as the original's
-first stage has none; the file is that state dict in the original's names. --original PATH: also the
-original (Stability-AI/generative-models, imported under --python, which needs einops). Inputs in ComfyUI's
-layouts: a LATENT [T, 4, h, w] is one clip, IMAGE [T, H, W, 3]. --quick: the parity rows only.
-Differences:
-- clip rule: frame 0 decoded alone differs from frame 0 of a 4-frame clip (the decoder mixes frames); 25
-  frames as the original's sampling script decodes them (decoding_t 14: clips of 14 and 11) against ours 14 at
-  a time (Frame-wise Decode: each chunk its own clip) and diffusers' decode_chunk_size=14.
-- core decodes free // memory_used_decode frames a clip: the row emulates 7 (its formula at 576x1024 bf16
-  with 18 GiB free) against all 25 in one clip.
-- a 5-D latent [1, 4, 4, h, w]: core keeps its first frame, ours decodes the clip.
-- tiles (4 frames of 192x192): ours exact 128 px and fast 128/32 px, core's VAE Decode (Tiled) 128/32 px
-  (its three-pass average), each against core untiled.""",
-    cases={"decode_T1": Case("decode", (1, 4, 8, 8)), "decode_T4": Case("decode", (4, 4, 8, 8)),
-           "decode_T14": Case("decode", (14, 4, 8, 8)), "encode_T1": Case("encode", (1, 64, 64, 3)),
-           "encode_T5": Case("encode", (5, 64, 64, 3)), "decode_T25": Case("decode", (25, 4, 8, 8)),
-           "tiles_decode": Case("decode", (4, 4, 24, 24))},
+    cases=cases({"decode_T1": (1, 4, 8, 8), "decode_T4": (4, 4, 8, 8), "decode_T14": (14, 4, 8, 8),
+                 "encode_T1": (1, 64, 64, 3), "encode_T5": (5, 64, 64, 3), "decode_T25": (25, 4, 8, 8),
+                 "tiles_decode": (4, 4, 24, 24)}),
     quick=("decode_T1", "decode_T4", "decode_T14", "encode_T1", "encode_T5"), io=FRAMES,
     files=_svd_files, core_extra=_svd_core, case_rows=_svd_case, rows=_svd_rows,
     options=lambda g: g.add_argument("--original", help="svd: a Stability-AI/generative-models checkout"),
     dry=lambda: _dry({"svd.safetensors": svd_original_layout(svd_model(block_out_channels=(32,) * 4,
                                                                        layers_per_block=2).state_dict())},
-                     decode=("decode", (2, 4, 4, 4)), encode=("encode", (2, 32, 32, 3))))
+                     (2, 4, 4, 4), (2, 32, 32, 3)))
 
 
 # ---- Stable Cascade stage A ------------------------------------------------------------------------
@@ -497,12 +440,7 @@ def _stage_a_case(run, k: str, c: Case) -> None:
         raw = run.core["decode raw"]
         run.core_row(k, c, note=f"core clamped (its process_output is the identity); {_outside(raw)}")
         run.table.add("decode, network output", v.model.decode(x), raw, "ours unclamped vs core's IMAGE", True)
-        run.table.add(f"decode exact {t} px tiles", v.decode(x, tile=t, mode="exact"), run.core[k],
-                      "ours exact tiles vs core untiled", True)
-        run.table.add(f"core tiled {t} px", run.core["decode tiled"].clamp(0, 1), run.core[k],
-                      "core VAE Decode (Tiled) vs core untiled", False)
-        run.table.add(f"ours fast {t} px tiles", v.decode(x, tile=t, overlap=t // 4), run.core[k],
-                      "ours fast tiles vs core untiled", False)
+        tile_rows(run, k, c.op, run.core["decode tiled"].clamp(0, 1), t, t // 4)
     else:
         lat = run.core_row(k, c, note="not quantized")
         run.table.add(f"encode exact {t} px tiles", v.encode(x, tile=t, mode="exact"), run.core[k],
@@ -534,22 +472,10 @@ def _stage_a_rows(run) -> None:
 STAGE_A = Family(
     title="Stable Cascade stage A (core: comfy/ldm/cascade/stage_a.py), published config, random weights "
           "(seed 0), latent 64x48 (256x192 px)",
-    doc="""Weights: random at the published config (2 levels, 12 bottleneck blocks, 384 wide, 4 latent channels,
-8192 codes), written in the original's / ComfyUI's layout as stage_a.safetensors; core's own StageA also
-loads it strictly, to show the file has exactly core's keys. diffusers' PaellaVQModel (when importable) loads
-the same tensors under its codebook name.
-Differences:
-- decode: core's IMAGE is the network's output unclamped (stage A's process_output is the identity); we clamp
-  to 0..1 as every other image VAE does. Compared clamped; the note says how much of core's output lies
-  outside 0..1, and `decode, network output` compares the unclamped outputs.
-- encode: core's VAE Encode runs StageA.encode without quantizing; so do diffusers and we. The `quantized`
-  row is core's encode(x, quantize=True) beside our quantize(encode(x)).
-- `core tiled`: core's VAE Decode (Tiled) (independent tiles, blended) beside core untiled.""",
-    cases={"decode": Case("decode", (1, 4, 64, 48)), "encode": Case("encode", (1, 3, 256, 192))}, seed=SEED + 1,
+    cases=cases({"decode": (1, 4, 64, 48), "encode": (1, 3, 256, 192)}), seed=SEED + 1,
     io=IMAGE_CLAMPED, files=lambda run: {"stage_a.safetensors": stage_a_weights()}, core_extra=_stage_a_core,
     case_rows=_stage_a_case, rows=_stage_a_rows,
-    dry=lambda: _dry({"stage_a.safetensors": stage_a_weights((16, 32), 1, 64)}, decode=("decode", (1, 4, 8, 8)),
-                     encode=("encode", (1, 3, 32, 32))))
+    dry=lambda: _dry({"stage_a.safetensors": stage_a_weights((16, 32), 1, 64)}, (1, 4, 8, 8), (1, 3, 32, 32)))
 
 
 # ---- the TAEHV family ------------------------------------------------------------------------------
@@ -607,10 +533,8 @@ def _taehv_cases() -> dict:
     out = {}
     for name, (latent, patch, _, _, t, frames) in TAEHV.items():
         h, f, p = TAEHV_PIXELS // (8 * patch), f"{name}.safetensors", TAEHV_PIXELS
-        out.update({f"{name} decode t=1": Case("decode", (1, latent, 1, h, h), f),
-                    f"{name} decode t={t}": Case("decode", (1, latent, t, h, h), f),
-                    f"{name} encode T=1": Case("encode", (1, 3, 1, p, p), f),
-                    f"{name} encode T={frames}": Case("encode", (1, 3, frames, p, p), f)})
+        out.update(cases({f"{name} decode t=1": (1, latent, 1, h, h), f"{name} decode t={t}": (1, latent, t, h, h),
+                          f"{name} encode T=1": (1, 3, 1, p, p), f"{name} encode T={frames}": (1, 3, frames, p, p)}, f))
     return out
 
 
@@ -696,28 +620,10 @@ def _taehv_original(run) -> None:
 TAEHV_FAMILY = Family(
     title="TAEHV family (core: comfy/taesd/taehv.py), published configs, random weights (seed 0, fp16 values), "
           "fp32 compute, 64x64 px",
-    doc="""Weights: each variant random at its published config (encoder 64 wide, decoder 256/128/64/64, the
-published time strides and patch), rounded to fp16 as madebyollin publishes them, under the published file
-names: taehv.safetensors in fp16 (core calls an fp16 16-channel file taehv), the others fp32 (core's other
-16-channel choice, lighttaew2_1, is "not fp16"). Core picks its branch by its own rules; ours reads the latent
-space from the file name. --reference PATH (madebyollin/taehv taehv.py): the original's TAEHV(checkpoint_path)
-on the same weights as NAME.pth (taew2_1 and taehv1_5 under lighttaew2_1's and lighttaehy1_5's weights).
-Differences:
-- decode: core's IMAGE is the network's output unclamped for every branch but lighttaehy1_5 and taeh3
-  (identity process_output); the original clamps to 0..1, and so do we. Compared clamped; the note says how
-  much of core's output lies outside 0..1 (random weights saturate often).
-- lighttaehy1_5: core multiplies the LATENT by 1.03682 (its HunyuanVideo 1.5 latent format) before the network
-  and divides after; LightX2V, which made the file, feeds the raw latent (LightTaeHy15.decode: latents /
-  1.03682 of the sampler's scaled latent). We follow LightX2V; the parity row gives ours z * 1.03682 so both
-  networks see the same input, the `as given` row the same LATENT.
-- taehv dtype: the taehv weights stored in fp32: core takes them for lighttaew2_1 (no 0.476986 scale).
-- taeltx_2 core tiled: core's VAE Decode (Tiled) with its ratios for 128-channel TAEHVs (16x / 4x; the
-  network is 32x / 8x).""",
     cases=_taehv_cases(), io=CLIP_CLAMPED, files=_taehv_files, core_extra=_taehv_core, case_rows=_taehv_case,
     rows=_taehv_rows, options=lambda g: g.add_argument("--reference", help="taehv: a copy of madebyollin's taehv.py"),
-    dry=lambda: _dry({f"{n}.safetensors": taehv_weights(n, encoder_width=8, decoder_widths=(16, 8, 8, 8))
-                      for n in TAEHV},
-                     **{k: (c.op, c.shape, c.file) for k, c in _taehv_cases().items() if "=1" in k}))
+    dry=lambda: ({f"{n}.safetensors": taehv_weights(n, encoder_width=8, decoder_widths=(16, 8, 8, 8)) for n in TAEHV},
+                 {k: c for k, c in _taehv_cases().items() if "=1" in k}))
 
 
 # ---- HunyuanImage 2.1 and 3.0 ----------------------------------------------------------------------
@@ -752,13 +658,13 @@ def _hy_engine(a, variant: str):
                               decoder_config={"target": f"{c['module']}.Decoder", "params": ddconfig})
 
 
-def _hy_files(w) -> None:
-    """Core's model of each variant, every tensor drawn, in core's file layout (= Tencent's names)."""
-    from safetensors.torch import save_file
+def _hy_files(w) -> dict:
+    """Core's model of each variant, every tensor drawn, in core's file layout (= Tencent's names); each file
+    written as soon as it is drawn (one variant's tensors held at a time)."""
     for variant in HUNYUAN_IMAGE:
         shapes = {k: p.shape for k, p in _hy_engine(w.a, variant).state_dict().items()}
-        save_file({k: t.contiguous() for k, t in drawn(shapes).items()}, str(w.d / _hy_file(variant)))
-    (w.d / "files.json").write_text(json.dumps([_hy_file(v) for v in HUNYUAN_IMAGE]))
+        save(drawn(shapes), w.d / _hy_file(variant))
+    return {_hy_file(v): None for v in HUNYUAN_IMAGE}
 
 
 def _hy_crop(image: torch.Tensor, r: int) -> torch.Tensor:
@@ -849,37 +755,24 @@ def _hy_case(run, k: str, c: Case) -> None:
 
 
 def _hy_dry():
-    import diffusers
     repo_on_path()
     import vae
     from vae.archs import hunyuan_image_layout
-    m = diffusers_jittered(diffusers.AutoencoderKLHunyuanImage, in_channels=3, out_channels=3, latent_channels=64,
+    m = diffusers_jittered("AutoencoderKLHunyuanImage", in_channels=3, out_channels=3, latent_channels=64,
                            block_out_channels=(32, 32, 64, 64, 128, 128), layers_per_block=1,
                            spatial_compression_ratio=32, sample_size=384)
     sd = hunyuan_image_layout.to_original(vae.from_state_dict(m.state_dict()).state_dict())
-    return _dry({_hy_file("2.1"): sd}, decode=("decode", (1, 64, 2, 2)), encode=("encode", (1, 64, 64, 3)))
+    return _dry({_hy_file("2.1"): sd}, (1, 64, 2, 2), (1, 64, 64, 3))
 
 
 HUNYUAN_IMAGE_FAMILY = Family(
     title="HunyuanImage 2.1 and 3.0 VAEs (core: hunyuan_video/vae.py, vae_refiner.py refiner_vae=False)",
-    doc="""Weights: core's own model at the published config (2.1: widths 128..1024 over 6 levels, 64 latent
-channels, 32x; 3.0: 128..1024 over 5 levels, 32 channels, 16x; the ddconfig core's comfy/sd.py builds), every
-tensor drawn (core's ops leave parameters uninitialised), written once in core's file layout (= Tencent's
-names) under core's python. Core loads it with comfy.sd.VAE (its detection and VAE Decode / Encode: 0..1
-mapping, clamp, centre crop; 3.0's images as one-frame clips); ours with vae.load behind our socket
-(VAEKitVAE: what core's nodes call on our VAE), and with exact tiles. Also diffusers (2.1) and Tencent's
-originals (HUNYUAN_IMAGE21_REFERENCE / HUNYUAN_IMAGE3_REFERENCE). --quick: the same structures narrow; there
-core's Encoder/Decoder classes are built in an AutoencodingEngine as comfy/sd.py builds them, with core's
-pixel mapping (x * 2 - 1; clamp((y + 1) / 2)). --check applies to every parity row: decode max abs, encode
-max abs relative to the latent's largest value. No documented difference: every row is parity.""",
-    cases={"2.1 decode 3x4": Case("decode", (1, 64, 3, 4), _hy_file("2.1")),
-           "2.1 decode 2x2, batch 2": Case("decode", (2, 64, 2, 2), _hy_file("2.1")),
-           "2.1 encode 96x128": Case("encode", (1, 96, 128, 3), _hy_file("2.1")),
-           "2.1 encode 100x70 (centre-cropped)": Case("encode", (1, 100, 70, 3), _hy_file("2.1")),
-           "3.0 decode 1x32x1x4x3": Case("decode", (1, 32, 1, 4, 3), _hy_file("3.0")),
-           "3.0 decode 2x32x1x2x2": Case("decode", (2, 32, 1, 2, 2), _hy_file("3.0")),
-           "3.0 encode 64x48": Case("encode", (1, 64, 48, 3), _hy_file("3.0")),
-           "3.0 encode 2x40x50 (centre-cropped)": Case("encode", (2, 40, 50, 3), _hy_file("3.0"))},
+    cases={**cases({"2.1 decode 3x4": (1, 64, 3, 4), "2.1 decode 2x2, batch 2": (2, 64, 2, 2),
+                    "2.1 encode 96x128": (1, 96, 128, 3), "2.1 encode 100x70 (centre-cropped)": (1, 100, 70, 3)},
+                   _hy_file("2.1")),
+           **cases({"3.0 decode 1x32x1x4x3": (1, 32, 1, 4, 3), "3.0 decode 2x32x1x2x2": (2, 32, 1, 2, 2),
+                    "3.0 encode 64x48": (1, 64, 48, 3), "3.0 encode 2x40x50 (centre-cropped)": (2, 40, 50, 3)},
+                   _hy_file("3.0"))},
     seed=SEED + 1, io=SOCKET, core_files=_hy_files, core_build=_hy_core_build,
     load=pack_load, case_rows=_hy_case, relative_encode=True, dry=_hy_dry)
 
@@ -891,20 +784,18 @@ MAGE_BF16 = ("decode 40x36 (2x2 windows)", "encode 64x80")                # also
 MAGE_EXACT = ("decode 40x36 (2x2 windows)", "encode 650x590 (centre-cropped)")   # also with exact 512 px tiles
 
 
-def _mage_files(w) -> None:
+def _mage_files(w) -> dict:
     """Core's published MageVAE, every tensor drawn, in the file layout the templates load (plus two
     tensors of the Flux.2 anchor encoder, which both loaders must drop)."""
     comfy_core.start(w.a.comfyui)
     import comfy.ldm.mage_flow.vae as mage
-    from safetensors.torch import save_file
     shapes = {k: p.shape for k, p in mage.MageVAE().state_dict().items()}
     sd = {("student." if k.startswith("dconv_encoder.") else "") + k.replace("decoder_model.", "pipeline.", 1): t
           for k, t in drawn(shapes).items()}
     g = torch.Generator().manual_seed(SEED)
     sd["pipeline.y_embedder.encoder.conv_in.weight"] = torch.randn(128, 3, 3, 3, generator=g)
     sd["pipeline.y_embedder.bottleneck.weight"] = torch.randn(128, 64, 1, 1, generator=g)
-    save_file({k: t.contiguous() for k, t in sd.items()}, str(w.d / MAGE_FILE))
-    (w.d / "files.json").write_text(json.dumps([MAGE_FILE]))
+    return {MAGE_FILE: sd}
 
 
 def _mage_core(w) -> None:
@@ -929,28 +820,15 @@ def _mage_case(run, k: str, c: Case) -> None:
 def _mage_dry():
     repo_on_path()
     import mage_tiny
-    return _dry({MAGE_FILE: mage_tiny.file_layout(mage_tiny.canonical(), anchor=True)},
-                decode=("decode", (1, 16, 2, 2)), encode=("encode", (1, 32, 32, 3)))
+    return _dry({MAGE_FILE: mage_tiny.file_layout(mage_tiny.canonical(), anchor=True)}, (1, 16, 2, 2), (1, 32, 32, 3))
 
 
 MAGE = Family(
     title="Mage-VAE (core: comfy/ldm/mage_flow/vae.py through comfy.sd.VAE), published config, random weights "
           "(seed 0)",
-    doc="""Weights: core's own MageVAE() (its hard-coded published config: 128 latent channels, 16x, 21 DiCo blocks
-a side, 32-latent-pixel attention windows), every tensor drawn (core's ops leave parameters uninitialised),
-written once under core's python in the file layout the templates load (student.dconv_encoder.*, pipeline.*,
-plus two tensors of the Flux.2 anchor encoder that both loaders must drop). Core loads it with comfy.sd.VAE (its
-detection, renames, 0..1 mapping, clamp and centre crop); ours with vae.load behind our socket (VAEKitVAE: what
-core's nodes call on our VAE), and with exact 512 px tiles. --check: decode max abs, encode relative.
-Time and memory beside core: bench/run.py decode --family mage (and encode).
-Differences:
-- bf16 rows: both sides load the file in bf16 and compute in bf16: a rounding figure, not a parity claim;
-  beside each, core's own bf16 result against its fp32 one gives the scale of bf16 rounding.""",
-    cases={"decode 4x5 (one padded window)": Case("decode", (1, 128, 4, 5)),
-           "decode 6x4, batch 2": Case("decode", (2, 128, 6, 4)),
-           "decode 40x36 (2x2 windows)": Case("decode", (1, 128, 40, 36)),
-           "encode 64x80": Case("encode", (1, 64, 80, 3)),
-           "encode 650x590 (centre-cropped)": Case("encode", (1, 650, 590, 3))},
+    cases=cases({"decode 4x5 (one padded window)": (1, 128, 4, 5), "decode 6x4, batch 2": (2, 128, 6, 4),
+                 "decode 40x36 (2x2 windows)": (1, 128, 40, 36), "encode 64x80": (1, 64, 80, 3),
+                 "encode 650x590 (centre-cropped)": (1, 650, 590, 3)}),
     quick=("decode 4x5 (one padded window)", "decode 6x4, batch 2", "encode 64x80"),
     seed=SEED + 1, io=SOCKET, core_files=_mage_files, core_build=core_vae,
     core_keys=lambda sd: {k.replace("student.dconv_encoder.", "dconv_encoder.").replace("pipeline.", "decoder_model.", 1)
@@ -1015,22 +893,14 @@ def _ltxd_dry():
     repo_on_path()
     from ltx_diffusion_common import DECODER, ENCODER
     sd, _ = ltx_diffusion_weights(ENCODER, DECODER)
-    return _dry({LTXD_FILE: sd}, decode=("decode", (1, 16, 2, 2, 2)), encode=("encode", (1, 3, 9, 64, 64)))
+    return _dry({LTXD_FILE: sd}, (1, 16, 2, 2, 2), (1, 3, 9, 64, 64))
 
 
 LTX_DIFFUSION = Family(
     title="LTX-2.5 diffusion VAE (core: CausalDiffusionVAE through comfy.sd.VAE), published config, random "
           "weights (seed 0)",
-    doc="""Weights: diffusers' LTX2VideoDiffusionDecoderModel() (its defaults are the published decoder) and LTX-2.3's
-published encoder (AutoencoderKLLTX2Video), random under a fixed seed, written once in the shipped file's layout
-with its config metadata (the published windows, one step); core reads it with comfy.sd.VAE(sd, metadata), ours
-with vae.load. Both draw the decode's noise from a CPU generator seeded 0 (core's VAE Decode; ours seed=0); a
-row shows how far seed 7 moves our clip decode. Neighbourhood attention alone: ours (vae/nn/neighborhood.py) and
-the tests' brute-force stand-in for diffusers' attention against core's comfy_kitchen.na3d on the same q/k/v.
-Time, memory and profile beside core: bench/run.py decode --family ltx_diffusion. No documented difference:
-every row but the seed's is parity.""",
-    cases={"decode_t1": Case("decode", (1, 128, 1, 4, 4)), "decode_t3": Case("decode", (1, 128, 3, 4, 4)),
-           "encode_T1": Case("encode", (1, 3, 1, 128, 128)), "encode_T9": Case("encode", (1, 3, 9, 128, 128))},
+    cases=cases({"decode_t1": (1, 128, 1, 4, 4), "decode_t3": (1, 128, 3, 4, 4), "encode_T1": (1, 3, 1, 128, 128),
+                 "encode_T9": (1, 3, 9, 128, 128)}),
     extra_inputs=_ltxd_inputs, files=lambda run: {LTXD_FILE: ltx_diffusion_weights()}, core_build=core_vae,
     core_extra=_ltxd_core, rows=_ltxd_rows, dry=_ltxd_dry)
 
@@ -1105,8 +975,7 @@ def _minimax_files(run) -> dict:
     sd = minimax_weights(MINIMAX_TINY if tiny else MINIMAX, torch.float32 if run.variant == "tiny" else torch.float16)
     if not int8:
         return {"tiny.safetensors" if tiny else MINIMAX_FP16: sd}
-    from safetensors.torch import save_file
-    save_file(sd, str(run.d / "fp16.safetensors"))
+    save(sd, run.d / "fp16.safetensors")
     del sd
     run.call("quantize")
     return {MINIMAX_INT8: None}
@@ -1118,7 +987,7 @@ def _minimax_quantize(w) -> None:
     (the tiny model's, 128 wide, of 64)."""
     comfy_core.start(w.a.comfyui)
     import comfy.quant_ops
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     group = 64 if w.variant.startswith("tiny") else 256
     sd = load_file(str(w.d / "fp16.safetensors"))
     conf = torch.tensor(list(json.dumps({"format": "int8_tensorwise", "convrot": True,
@@ -1129,7 +998,7 @@ def _minimax_quantize(w) -> None:
                                                                   convrot=True, convrot_groupsize=group)
         sd[k], sd[k[:-len("weight")] + "weight_scale"] = q.contiguous(), params.scale.contiguous()
         sd[k[:-len("weight")] + "comfy_quant"] = conf.clone()
-    save_file(sd, str(w.d / MINIMAX_INT8))
+    save(sd, w.d / MINIMAX_INT8)
 
 
 class _MinimaxTiny:
@@ -1192,40 +1061,13 @@ def _minimax_case(run, k: str, c: Case) -> None:
 
 MINIMAX_FAMILY = Family(
     title="MiniMax H3 video VAE (core: comfy/ldm/minimax/vae.py), random weights, fp32 compute",
-    doc="""Sizes (--sizes, a comma list; each its own table):
-- tiny: the published structure, narrow (encoder 6 levels of 32, ViT 2 blocks of 2 heads), random weights under
-  a fixed seed, built from core's own classes (MiniMaxH3VideoVAE with a small ViT3DDecoder; core's loader only
-  builds the published size). Every frame-count edge case and the tiles: rows `stitch` against the core given
-  (783545f6: each tile blended with its raw neighbours), rows `blend` against core with the tiled decode of PR
-  #16436 (core 0.38.1: each tile blended into what is already there), grafted onto the same class from
-  --newer-tiled-decode (a file with that version's _decode_tile_row and tiled_decode, read from
-  Comfy-Org/ComfyUI; not shipped here).
-- published: the published config (2.60 G parameters) with random weights stored fp16 as ComfyUI's
-  minimax_h3_video_vae_fp16.safetensors is (its layout, latent statistics included), loaded by core's
-  comfy.sd.VAE (its detection, dtype choice: fp32 on CPU, VAE Decode / Encode's calls) and by vae.load; each
-  side holds ~9.7 GiB (on a shared machine, run it alone; --tmp for the 4.9 GB file).
-- int8: that file quantized by core's own code (comfy_kitchen's int8 + Hadamard rotation, the format of
-  minimax_h3_video_vae_int8_convrot.safetensors), both sides running it as core does (activations quantized
-  per row, int8 matmuls).
-- tiny_int8: the tiny model stored fp16 and quantized the same way (rotation group 64: its widths are 128),
-  core's classes built with core's mixed_precision_ops as its loader does.
-Core runs under torch.no_grad: under inference mode (as ComfyUI runs nodes) core 783545f6's model patcher
-fails on the int8 file on CPU ("Cannot set version_counter for inference tensor", ops._quantized_apply).
-Time and memory beside core: bench/run.py decode --family minimax.
-Differences:
-- core's attention: on a CPU core picks its sub-quadratic attention (attention_sub_quad), on NVIDIA GPUs
-  PyTorch's scaled_dot_product_attention (attention_pytorch, what ours runs everywhere); --core-attention
-  pytorch runs core with --use-pytorch-cross-attention on the CPU; the header names the function core's
-  decoder called. The two differ by fp32 rounding (~1e-7), which the int8 files' per-row activation rounding
-  turns into larger differences (their rows are not parity).""",
     cases=_minimax_cases, variants=lambda a: a.sizes.split(","), no_grad=True, files=_minimax_files,
     workers={"quantize": _minimax_quantize}, core_build=_minimax_core_build, core_extra=_minimax_core,
     load=_minimax_load, case_rows=_minimax_case,
     options=lambda g: (g.add_argument("--sizes", default="tiny", help="minimax: tiny, published, int8, tiny_int8"),
                        g.add_argument("--newer-tiled-decode", help="minimax: a file with core 0.38.1's "
                                       "_decode_tile_row and tiled_decode (the blend rows)")),
-    dry=lambda: _dry({"tiny.safetensors": minimax_weights(MINIMAX_TINY)}, decode=("decode", (1, 24, 2, 5, 6)),
-                     encode=("encode", (1, 3, 5, 48, 64))))
+    dry=lambda: _dry({"tiny.safetensors": minimax_weights(MINIMAX_TINY)}, (1, 24, 2, 5, 6), (1, 3, 5, 48, 64)))
 
 
 # the families by the name of --family

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 
 def _files(base: Path) -> None:
@@ -34,9 +34,9 @@ def _files(base: Path) -> None:
     graphs a tiny random-weight VAE of the family and a random latent; for core's Load VAE an SD-shape
     VAE with random weights (core's loader has a fixed size for it)."""
     import torch
-    from safetensors.torch import save_file
     sys.path.insert(0, str(ROOT))
     import vae
+    from harness import configs, save
     from vae.files.latents import write_latent_file
     from video_families import tiny_state_dict
     vae_dir, inp = base / "models" / "vae", base / "input"
@@ -51,15 +51,10 @@ def _files(base: Path) -> None:
             name = node["inputs"].get("vae_name")
             if not name or (vae_dir / name).exists():
                 continue
-            if node["class_type"] == "VAELoader":
-                import diffusers
-                torch.manual_seed(0)
-                sd = vae.from_state_dict(diffusers.AutoencoderKL(
-                    block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-                    down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4).state_dict())
-                save_file(sd.state_dict(), str(vae_dir / name))
+            if node["class_type"] == "VAELoader":          # SD's VAE at its published config
+                save(configs.build(configs.PUBLISHED["kl"]).state_dict(), vae_dir / name)
                 continue
-            save_file(tiny_state_dict(family), str(vae_dir / name))
+            save(tiny_state_dict(family), vae_dir / name)
             channels = vae.load(vae_dir / name).caps.latent_channels
             for other in nodes:
                 if other["class_type"] == "LoadLatent":

@@ -3,19 +3,11 @@
     PYTHONPATH=DIR_WITH_THE_PACKAGE python3 bench/comfyui_checks/template_coverage.py [--templates DIR] [--assume minimax,seedvr2]
 
 Reads every workflow JSON of the PyPI package ``comfyui-workflow-templates-json`` (imported by default;
-``--templates`` names its ``templates/`` folder instead) and finds every VAE load: core's VAELoader
-(its file name), the checkpoint loaders whose VAE output is used (counted as the checkpoint's VAE
-family; a checkpoint whose VAE socket is unconnected, e.g. SAM 3.1, loads no VAE anyone uses) and
-LTXVAudioVAELoader (the audio VAE of an LTX-2 checkpoint). Loaders inside subgraphs count once per
-instance of the subgraph; bypassed or muted loaders (and loaders in bypassed subgraphs) do not count
-unless ``--include-bypassed``. Any other node with a VAE output and a file-name widget is reported
-as an unknown loader, so a new loader type shows up instead of being missed.
-
-Each file name maps to a family through the table below (patterns from the templates' own names
-and download URLs); each family names the registry architecture (``SPEC.id`` in ``vae/archs``) that
-decodes it, or none. A family counts as supported when that id is in ``vae.registry.REGISTRY`` or in
-``--assume`` (families about to land). A template counts as covered when every VAE it loads is.
-Figures are printed for all loads and for image/video VAEs only (audio and 3-D VAEs, and the
+``--templates`` names its ``templates/`` folder instead) and counts every VAE load (``scan``; what counts and
+why: docs/coverage.md). Any other node with a VAE output and a file-name widget is reported as an unknown
+loader, so a new loader type shows up instead of being missed. Each file name maps to a family (``PATTERNS``),
+each family to the registry architecture (``SPEC.id`` in ``vae/archs``) that decodes it, or none
+(``FAMILIES``). Figures are printed for all loads and for image/video VAEs only (audio and 3-D VAEs, and the
 identity "VAE" of pixel-space models, are outside this pack's scope). No network.
 """
 from __future__ import annotations

@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 
-def start(comfyui: str, pytorch_attention: bool | None = None) -> None:
-    """Make ComfyUI's source at ``comfyui`` importable and set it up for the CPU (``--cpu``); with
-    ``pytorch_attention`` also ``--use-pytorch-cross-attention`` on or off. Call it before importing
-    anything else from comfy or ComfyUI's ``nodes``."""
+def start(comfyui: str, pytorch_attention: bool | None = None, cpu: bool = True) -> None:
+    """Make ComfyUI's source at ``comfyui`` importable and set it up for the CPU (``--cpu``; ``cpu=False``:
+    its device choice); with ``pytorch_attention`` also ``--use-pytorch-cross-attention`` on or off. Call
+    it before importing anything else from comfy or ComfyUI's ``nodes``."""
     if sys.path[0] != comfyui:
         sys.path.insert(0, comfyui)
     _audio_stand_in()
     from comfy.cli_args import args
-    args.cpu = True
+    args.cpu = cpu
     if pytorch_attention is not None:
         args.use_pytorch_cross_attention = pytorch_attention
 
@@ -62,6 +62,11 @@ class Case:
     file: str = ""
 
 
+def cases(shapes: dict, file: str = "") -> dict:
+    """name -> Case of name -> shape: a decode where the name says ``decode``, else an encode; on ``file``."""
+    return {k: Case("decode" if "decode" in k else "encode", shape, file) for k, shape in shapes.items()}
+
+
 @dataclass(frozen=True)
 class IO:
     """Where a case meets each side, both outputs laid out alike for the table: core's VAE Decode /
@@ -100,7 +105,7 @@ SOCKET = IO(lambda v, z: v.decode(z), lambda v, x: v.encode(x), lambda h, z: soc
 class Family:
     """A core comparison: ``files(run)`` -> {file name: tensors or (tensors, metadata), or None for a file
     it wrote itself} at the published config (``run.quick``: the narrow one where declared), or
-    ``core_files(w)`` writing them (and files.json) under core's python (core's own classes); ``cases``
+    ``core_files(w)`` -> {file name: tensors} under core's python (core's own classes); ``cases``
     drawn in order from one generator seeded ``seed``, then ``extra_inputs(g)`` from it (``quick``: the
     cases of ``--quick``); ``variants(a)``: the sizes run one after the other; ``io`` where they meet each
     side. Core's side: ``core_build(w, metadata)`` (default ``comfy.sd.VAE``), every case through ``io``
@@ -108,10 +113,9 @@ class Family:
     ``core_extra(w)`` (a ``Worker``) for the outputs only one family has; ``workers``: its other steps
     under core's python. Ours: ``load(run, path)`` (default ``vae.load``), ``case_rows(run, name, case)``
     per case (default: ``run.core_row``), then ``rows(run)``. ``dry()`` -> (files, cases) at a tiny size,
-    ours only. ``doc``: the published config, how core builds it and every documented difference, printed
-    by ``--list``."""
+    ours only. The published config, how core builds it and every documented difference: the family's
+    section of docs/core_differences.md."""
     title: str
-    doc: str
     cases: dict = field(default_factory=dict)
     quick: tuple = ()
     seed: int = 0

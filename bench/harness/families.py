@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from harness import module_at, repo_on_path
+from harness import module_at, repo_on_path, save, save_files
 
 BENCH = Path(__file__).resolve().parents[1]
 ROOT = BENCH.parent
@@ -42,11 +42,6 @@ class Family:
     core_patches: dict = dataclasses.field(default_factory=dict)  # core run name -> args -> None: core changed first
 
 
-def _save(sd: dict, path: Path) -> None:
-    from safetensors.torch import save_file
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
-
-
 def write_weights(family: Family, folder: Path) -> Path:
     """The family's published config with random weights under ``SEED`` in ``folder`` (written once):
     diffusers' file (``diffusers.safetensors``) and the file ours and core load; returns the latter."""
@@ -60,11 +55,11 @@ def write_weights(family: Family, folder: Path) -> Path:
     import torch
     torch.manual_seed(SEED)
     sd = getattr(diffusers, family.diffusers)(**family.kwargs).eval().state_dict()
-    _save(sd, folder / "diffusers.safetensors")
+    save(sd, folder / "diffusers.safetensors")
     if family.layout is not None:
         sys.path.insert(0, str(ROOT))
         import vae
-        _save(family.layout(vae.from_state_dict(sd).state_dict()), path)
+        save(family.layout(vae.from_state_dict(sd).state_dict()), path)
     return path
 
 
@@ -118,12 +113,22 @@ def _qwen21_call(model, op):
     return lambda x: model.encode((_rgba(x) * 2 - 1).unsqueeze(2)).latent_dist.mode().squeeze(2)
 
 
+def _compared(name: str):
+    """The writer of the published file compare_core.py --family NAME compares against core (its ``files``):
+    one builder of each such file."""
+    def write(folder: Path) -> None:
+        from types import SimpleNamespace
+        from comfyui_checks.core_families import FAMILIES as COMPARED
+        save_files(folder, COMPARED[name].files(SimpleNamespace(variant="published", quick=False, state={}, d=folder)))
+    return write
+
+
 def _flux2_writer(folder: Path) -> None:
     """The published FLUX.2 VAE with random BatchNorm statistics at a latent's scale (variances 0.25..4)."""
     repo_on_path()
     import diffusers_flux2
-    _save(diffusers_flux2.model(**diffusers_flux2.PUBLISHED, var=(0.25, 4.0)).state_dict(),
-          folder / "diffusers.safetensors")
+    save(diffusers_flux2.model(**diffusers_flux2.PUBLISHED, var=(0.25, 4.0)).state_dict(),
+         folder / "diffusers.safetensors")
 
 
 def _flux2_call(model, op):
@@ -138,12 +143,6 @@ def _ltx_zeros(v) -> None:
     """Ours pads LTX 0.9's decoder with reflect, as ComfyUI does; diffusers with zeros."""
     from vae.archs import ltx
     ltx.set_decoder_padding(v.model, "zeros")
-
-
-def _minimax_writer(folder: Path) -> None:
-    import torch
-    from comfyui_checks.core_families import MINIMAX, minimax_weights
-    _save(minimax_weights(MINIMAX, torch.float16), folder / "minimax_h3_video_vae_fp16.safetensors")
 
 
 def _minimax_ours(tiling: str):
@@ -163,24 +162,6 @@ def _minimax_core_newer(a) -> None:
     import comfy.ldm.minimax.vae as mm
     from comfyui_checks.core_families import newer_tiled_decode
     newer_tiled_decode(mm, a.newer_tiled_decode)
-
-
-def _seedvr2_writer(folder: Path) -> None:
-    from comfyui_checks.core_families import seedvr2_weights
-    _save(seedvr2_weights(), folder / "seedvr2_ema_vae.safetensors")
-
-
-def _svd_writer(folder: Path) -> None:
-    from comfyui_checks.core_families import svd_model, svd_original_layout
-    _save(svd_original_layout(svd_model().state_dict()), folder / "svd_xt_vae.safetensors")
-
-
-def _taehv_writer(folder: Path) -> None:
-    """Weights randn / sqrt(fan-in), the head x 0.4 (+ the range's middle): frames mostly inside the range."""
-    sys.path.insert(0, str(ROOT))
-    from comfyui_checks.core_families import taehv_random
-    from vae.archs import taehv
-    _save(taehv_random(taehv.TAEHV(taehv.TAEHVConfig(16))).state_dict(), folder / "lighttaew2_1.safetensors")
 
 
 def _qwen21_stats():
@@ -221,13 +202,6 @@ def _taeqi_reference(a, folder: Path):
     return tae, lambda x: tae.encoder(_rgba(x)) * std + mean
 
 
-def _ltx_diffusion_writer(folder: Path) -> None:
-    from comfyui_checks.core_families import LTXD_FILE, ltx_diffusion_weights
-    from safetensors.torch import save_file
-    sd, metadata = ltx_diffusion_weights()
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / LTXD_FILE), metadata=metadata)
-
-
 def _mage_writer(folder: Path) -> None:
     """The published Mage-VAE, every tensor drawn as compare_core.py --family mage draws core's, in the file
     layout the templates load (with the two anchor tensors loaders drop)."""
@@ -240,7 +214,7 @@ def _mage_writer(folder: Path) -> None:
     cfg = dataclasses.replace(cfg, encoder=dataclasses.replace(cfg.encoder, head_ffn=4 * cfg.encoder.head))  # core's
     with torch.device("meta"):
         shapes = {k: p.shape for k, p in mage.MageVAE(cfg).state_dict().items()}
-    _save(mage_tiny.file_layout(drawn(shapes), anchor=True), folder / "mage_flow_vae.safetensors")
+    save(mage_tiny.file_layout(drawn(shapes), anchor=True), folder / "mage_flow_vae.safetensors")
 
 
 # LTX-2's published flags (diffusers scripts/convert_ltx2_to_diffusers.py); its defaults say causal decoder
@@ -276,22 +250,22 @@ FAMILIES = {
     "ltx2.3": Family("LTX-2.3", 128, 32, 8, diffusers="AutoencoderKLLTX2Video", kwargs={**LTX23, **LTX2_FLAGS},
                      size="512x768x25", plan_size="1088x1920x121"),
     "ltx_diffusion": Family("LTX-2.5 diffusion decoder (the shipped layout and metadata)", 128, 32, 8,
-                            file="ltx-2.5-video-vae.safetensors", writer=_ltx_diffusion_writer, tile=128,
+                            file="ltx-2.5-video-vae.safetensors", writer=_compared("ltx_diffusion"), tile=128,
                             core_tiled=(512, 64, 64, 16), size="256x256x17", plan_size="704x1280x121"),
     "mage": Family("Mage-VAE", 128, 16, file="mage_flow_vae.safetensors", writer=_mage_writer, tile=512,
                    size="1024x1024x1"),
     "mochi": Family("Mochi", 12, 8, 6, diffusers="AutoencoderKLMochi", size="64x64x13"),
     "magvit": Family("EasyAnimate Magvit", 16, 8, 4, diffusers="AutoencoderKLMagvit", size="64x64x29"),
     "minimax": Family("MiniMax H3 (fp16 file, fp32 compute)", 24, 16, 17, file="minimax_h3_video_vae_fp16.safetensors",
-                      writer=_minimax_writer, latent_frames=lambda t: (t - 5) // 17 * 5 + 2, size="512x512x22",
+                      writer=_compared("minimax"), latent_frames=lambda t: (t - 5) // 17 * 5 + 2, size="512x512x22",
                       runs={"default": _minimax_ours("blend"), "stitch": _minimax_ours("stitch")},
                       core_patches={"core_newer": _minimax_core_newer}),
-    "seedvr2": Family("SeedVR2 VAE", 16, 8, 4, file="seedvr2_ema_vae.safetensors", writer=_seedvr2_writer,
+    "seedvr2": Family("SeedVR2 VAE", 16, 8, 4, file="seedvr2_ema_vae.safetensors", writer=_compared("seedvr2"),
                       tile=128, core_tiled=(512, 128, 64, 8), size="256x256x17"),
-    "svd": Family("SVD (svd_xt) VAE", 4, 8, 1, file="svd_xt_vae.safetensors", writer=_svd_writer, tile=96,
+    "svd": Family("SVD (svd_xt) VAE", 4, 8, 1, file="svd_xt_vae.safetensors", writer=_compared("svd"), tile=96,
                   frames_on_batch=True, size="192x192x6"),
     "taehv": Family("TAEHV (lighttaew2_1; taehv differs by its scale only)", 16, 8, 4, file="lighttaew2_1.safetensors",
-                    writer=_taehv_writer, tile=128, size="256x320x17"),
+                    writer=_compared("taehv"), tile=128, size="256x320x17"),
     "taeqi": Family("taeqi2_1 (set TAESD_REFERENCE to the original taesd.py)", 64, 16, file="taeqi2_1",
                     writer=_taeqi_writer, latent=_taeqi_latent, tile=512, size="1024x1024x1",
                     runs={"reference": _taeqi_reference}),

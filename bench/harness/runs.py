@@ -93,22 +93,21 @@ def diffusers(a, folder: Path, shape):
     from .workers import diffusers_from_file
     family = FAMILIES[a.family]
     write_weights(family, folder)
-    model = diffusers_from_file(getattr(d, family.diffusers), folder / "diffusers.safetensors",
-                                **family.kwargs).requires_grad_(False)
-    for flag in ("use_framewise_decoding", "use_framewise_encoding", "use_tiling", "use_slicing"):
-        if hasattr(model, flag):
-            setattr(model, flag, False)
+    model = diffusers_from_file(getattr(d, family.diffusers), folder / "diffusers.safetensors", **family.kwargs)
     if a.run == "diffusers_tiled":
         model.enable_tiling()
         if a.param or a.diffusers_tile:   # pixels; decode splits on the latent grid, kept consistent
             model.tile_sample_min_size = int(a.param or a.diffusers_tile)
             model.tile_latent_min_size = model.tile_sample_min_size // family.spatial
         a.info["note"] = f"tile_sample_min_size={getattr(model, 'tile_sample_min_size', '?')}"
-    if family.diffusers_call:
-        return model, family.diffusers_call(model, a.op)
-    if a.op == "decode":
-        return model, lambda z: (model.decode(z).sample / 2 + 0.5).clamp_(0, 1)
-    return model, lambda x: model.encode(x * 2 - 1).latent_dist.mean
+    return model, (family.diffusers_call or _diffusers_call)(model, a.op)
+
+
+def _diffusers_call(model, op: str):
+    """diffusers' common call of ``op``: 0..1 pixels out of decode, the posterior's mean out of encode."""
+    if op == "decode":
+        return lambda z: (model.decode(z).sample / 2 + 0.5).clamp_(0, 1)
+    return lambda x: model.encode(x * 2 - 1).latent_dist.mean
 
 
 def face(a, folder: Path):
@@ -120,9 +119,7 @@ def face(a, folder: Path):
     write_weights(family, folder)
     f = vae.diffusers.load(folder / "diffusers.safetensors", budget=float(a.param) if a.param else None,
                            dtype=torch.float32)
-    if a.op == "decode":
-        return f, lambda z: (f.decode(z).sample / 2 + 0.5).clamp_(0, 1)
-    return f, lambda x: f.encode(x * 2 - 1).latent_dist.mean
+    return f, _diffusers_call(f, a.op)
 
 
 def core_call(a, folder: Path):

@@ -3,8 +3,7 @@
 A script starts itself with ``--worker NAME`` (``run``; ComfyUI core's runs under ComfyUI's python, since
 core needs its own venv), the worker times a call on an input the parent saved (``measure_saved``) and
 leaves its figures (``STEM.json``) and output (``STEM.npy``) for the parent, which reads them back run by
-run (``results``). The ``ours*`` run names mean the same calls in every script (``ours_call``), so tables
-of different families read alike."""
+run (``results``)."""
 from __future__ import annotations
 
 import argparse
@@ -13,33 +12,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-# run name -> keyword arguments of VAE.decode / VAE.encode, given our spatial tile in pixels
-OURS = {
-    "ours": lambda tile: {},                                           # one call, the engine's defaults
-    "ours_framewise": lambda tile: {},                                 # the same, named for video models
-    "ours_fast": lambda tile: dict(tile=tile, overlap=tile // 4),      # blended tiles, a quarter overlap
-    "ours_exact": lambda tile: dict(tile=tile, mode="exact"),          # exact tiles: the untiled result
-}
-
-
-def ours_call(v, name: str, tile: int, encode: bool = False):
-    """The call of our run ``name`` on the handle ``v``. ``ours_one_pass`` is the model's own decode over
-    the whole input (no chunks, no tiles: the definition), mapped to 0..1 pixels as VAE.decode maps them."""
-    if name == "ours_one_pass":
-        return lambda z: (v.model.decode(z) / 2 + 0.5).clamp_(0, 1)
-    kw = OURS[name](tile)
-    return (lambda x: v.encode(x, **kw)) if encode else (lambda z: v.decode(z, **kw))
-
 
 def diffusers_from_file(cls, path: Path, **config):
-    """A diffusers model holding exactly the weights in ``path``, in eval mode: built on the meta device,
-    so no random initialisation is timed or held, then given the file's tensors."""
+    """A diffusers model holding exactly the weights in ``path``, in eval mode, its tiling, slicing and
+    frame-wise switches off (one pass, the definition: a run switches on what it measures). Built on the
+    meta device, so no random initialisation is timed or held, then given the file's tensors."""
     import torch
     from safetensors.torch import load_file
     with torch.device("meta"):
         model = cls(**config)
     model.load_state_dict(load_file(str(path)), strict=True, assign=True)
-    return model.eval()
+    for flag in ("use_framewise_decoding", "use_framewise_encoding", "use_tiling", "use_slicing"):
+        if hasattr(model, flag):
+            setattr(model, flag, False)
+    return model.eval().requires_grad_(False)
 
 
 def measure_saved(threads: int, source: Path, build, out_stem: Path, repeat: int = 1) -> None:
@@ -86,8 +72,3 @@ def worker_flags(p: argparse.ArgumentParser, **hidden: type) -> None:
     for name, kind in hidden.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=argparse.SUPPRESS)
 
-
-def core_flags(p: argparse.ArgumentParser, comfyui_help: str = "ComfyUI source directory (for the core runs)") -> None:
-    """``--comfyui`` and ``--comfy-python``: where ComfyUI core is, for the ``core*`` runs."""
-    p.add_argument("--comfyui", help=comfyui_help)
-    p.add_argument("--comfy-python", help="ComfyUI's python (its venv)")
