@@ -153,7 +153,7 @@ def _ai_toolkit():
         pytest.skip(f"ai-toolkit's modules do not import here ({e}): install its requirements.txt",
                     allow_module_level=True)
     finally:
-        # the rest of the session sees these modules as they are
+        # later tests see these modules as they are
         sys.meta_path.remove(stand_ins)
         for key in [k for k in sys.modules if k.split(".")[0] in stand_ins.roots]:
             del sys.modules[key]
