@@ -140,6 +140,19 @@ def run_both(make_pipe, ref, face, **call):
     return outs
 
 
+def conditioned_both(make_pipe, ref, face, image, *args):
+    """An image-to-video pipeline's ``prepare_latents`` (the first frame's encode, as it enters every step)
+    with diffusers' VAE, then with the face: ``args`` follow the preprocessed image (the generator last)."""
+    fed = []
+    for v in (ref, face):
+        pipe = make_pipe(v)
+        side = image.shape[-1]
+        with torch.no_grad():
+            fed.append(pipe.prepare_latents(pipe.video_processor.preprocess(image, side, side), *args,
+                                            torch.Generator().manual_seed(0))[0])
+    return fed
+
+
 def same(a, b, tol=TOL) -> float:
     """Two pipeline outputs (tensors or arrays) equal within ``tol``, neither empty; the max abs difference."""
     a, b = torch.as_tensor(a), torch.as_tensor(b)

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 import vae
-from diffusers_face_common import LTX_LATENT, ltx_reference
+from diffusers_face_common import LTX_LATENT, conditioned_both, ltx_reference
 from diffusers_face_common import run_both as _run_both, same as _assert_same
 from helpers import diffusers_kl
 from video_families import tiny_reference
@@ -199,13 +199,8 @@ def test_ltx_image_to_video_pipeline(ltx_pair):
         scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=v, text_encoder=None, tokenizer=None,
         transformer=transformer)
     image = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(3))
-    fed = []
-    for v in (ref, face):
-        pipe = make(v)
-        with torch.no_grad():
-            fed.append(pipe.prepare_latents(pipe.video_processor.preprocess(image, 64, 64), 1, LTX_LATENT, 64, 64, 9,
-                                            torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0))[0])
-    _assert_same(*fed)
+    _assert_same(*conditioned_both(make, ref, face, image, 1, LTX_LATENT, 64, 64, 9, torch.float32,
+                                   torch.device("cpu")))
     a, b = _run_both(make, ref, face, image=image, **LTX_CALL)
     _assert_same(a, b)
 

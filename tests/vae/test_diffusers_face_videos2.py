@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 import vae
-from diffusers_face_common import (assert_decode_equal, assert_posterior_equal, close, config_differences, pixels,
-                                   run_both, same, save)
+from diffusers_face_common import (assert_decode_equal, assert_posterior_equal, close, conditioned_both,
+                                   config_differences, pixels, run_both, same, save)
 from ltx_common import LTX2_LATENT, ltx2_metadata, ltx2_reference
 from video_families import tiny_reference
 from vae.errors import InputError, LoadError
@@ -221,14 +221,8 @@ def test_ltx2_image_to_video_pipeline(ltx2_pair):
     make = lambda v: diffusers.LTX2ImageToVideoPipeline(  # noqa: E731
         scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=v, **parts)
     image = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(3))
-    fed = []
-    for v in (ref, face):
-        pipe = make(v)
-        with torch.no_grad():
-            fed.append(pipe.prepare_latents(pipe.video_processor.preprocess(image, 64, 64), 1, LTX2_LATENT, 64, 64, 9,
-                                            0.0, torch.float32, torch.device("cpu"),
-                                            torch.Generator().manual_seed(0))[0])
-    same(*fed)
+    same(*conditioned_both(make, ref, face, image, 1, LTX2_LATENT, 64, 64, 9, 0.0, torch.float32,
+                           torch.device("cpu")))
     a, b = run_both(make, ref, face, image=image, image_crf=0, **LTX2_CALL)
     print(f"LTX2ImageToVideoPipeline: video max abs {same(a, b):.1e}")
 
