@@ -114,9 +114,10 @@ class Format:
         """The stored mean back in the family's LATENT space, float32, unbatched (--verify)."""
         raise NotImplementedError
 
-    def pixels(self, x: torch.Tensor) -> torch.Tensor:
-        """A clip in 0..1 as the VAE must get it to make this trainer's latents (its own input range)."""
-        return x
+    @property
+    def pixel_range(self) -> tuple[float, float]:
+        """The range the VAE reads the 0..1 clips as (``VAE.encode``'s ``pixel_range``): this trainer's own."""
+        return (0.0, 1.0)
 
     def describe(self) -> str:
         return self.name

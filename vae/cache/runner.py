@@ -317,7 +317,7 @@ class Runner:
         budget = self.budget
         for attempt in (0, 1):
             p = self.plan_for(shape, budget)
-            kw = dict(mode=self.opts.mode, overlap=self.opts.overlap, out_device="cpu")
+            kw = dict(mode=self.opts.mode, overlap=self.opts.overlap, out_device="cpu", pixel_range=self.format.pixel_range)
             if p is not None:
                 kw.update(tile=p.call.tile, tile_frames=p.call.tile_frames)
             else:
@@ -354,7 +354,7 @@ class Runner:
                 c = next(c for c in w.todo if c.plan is clip)
                 t = time.perf_counter()
                 shape = self.shape(c, w.bucket)
-                x = self.format.pixels(x.unsqueeze(0) if self.vae.is_video else x[:, 0].unsqueeze(0))
+                x = x.unsqueeze(0) if self.vae.is_video else x[:, 0].unsqueeze(0)
                 try:
                     mean, logvar, plan_text, note = self.encode(x, shape, progress=check)
                     if not torch.isfinite(mean).all():

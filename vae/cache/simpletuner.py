@@ -375,10 +375,11 @@ class SimpleTuner(Format):
         step = self.frame_interval
         return (count // step * step or count) if step else count
 
-    def pixels(self, x: torch.Tensor) -> torch.Tensor:
-        """The clip (0..1) as our VAE must get it to see what SimpleTuner's VAE gets: ours maps 0..1 to -1..1,
-        its LTX models hand their VAE the 0..1 values themselves."""
-        return (x + 1) / 2 if self.family.unit_pixels else x
+    @property
+    def pixel_range(self) -> tuple[float, float]:
+        """SimpleTuner's LTX models hand their VAE the 0..1 values themselves: ours reads them as -1..1 (the
+        model's range: no mapping, no copy of the clip)."""
+        return (-1.0, 1.0) if self.family.unit_pixels else (0.0, 1.0)
 
     def path(self, item: Item) -> Path:
         return cache_name(item.relative)

@@ -33,11 +33,11 @@ def verify(r, works, n: int) -> list[str]:
         if vae.is_video and z.dim() == 4:
             z = z.unsqueeze(2)
         clip = next(x for p, x in _read(w, c.plan) if p is c.plan)
-        x = fmt.pixels(clip.unsqueeze(0) if vae.is_video else clip[:, 0].unsqueeze(0))
-        parts = [f"verify {c.output}:"]
-        if vae.caps.can_decode:
+        x = clip.unsqueeze(0) if vae.is_video else clip[:, 0].unsqueeze(0)
+        (a, b), parts = fmt.pixel_range, [f"verify {c.output}:"]
+        if vae.caps.can_decode:     # the decode gives 0..1 for what the encoder read as a..b
             y = vae.decode(z, mode="exact", tile=r.opts.tile or None)
-            parts.append(f"PSNR {_psnr(y.reshape(x.shape), x):.2f} dB against the source frames")
+            parts.append(f"PSNR {_psnr(y.reshape(x.shape), (x - a) / (b - a)):.2f} dB against the source frames")
         else:
             parts.append("no decoder in the file, no PSNR")
         shape = tuple(x.shape)
@@ -45,7 +45,7 @@ def verify(r, works, n: int) -> list[str]:
         if r.budget and need and need > r.budget:
             parts.append(f"untiled needs {planner.gib(need)}, more than the budget: not compared")
         else:
-            one = vae.encode(x, mode="fast")[0].float().reshape(stored.shape)
+            one = vae.encode(x, mode="fast", pixel_range=fmt.pixel_range)[0].float().reshape(stored.shape)
             diff = (stored - one).abs().max().item()
             note = ""
             if fmt.dtype != torch.float32:
