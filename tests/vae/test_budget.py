@@ -132,6 +132,42 @@ def test_a_map_born_on_the_offload_device_never_counts_on_the_compute_device():
     assert 8000 <= got.device <= 12100 and got.offload == 400_000
 
 
+def test_the_output_born_where_it_lives_counts_nowhere_not_even_at_its_birth():
+    """The output is allocated inside the call, where it lives (counted apart by the planner): the op
+    that makes it sets no peak of the compute device. Reported after its birth instead, it did:
+    LTX-Video 0.9's 220 MiB output at 512x768x49 in 128 px tiles was 231 MiB of the predicted live peak
+    where a tile holds 205."""
+    x = torch.empty(1000, device="meta")
+
+    def call():
+        with memory.placed_away(count=False):
+            out = torch.empty(1_000_000, device="meta")
+        out[:1000] = x * 2                # a temporary on the device, written into the output: 4000
+        return out
+    got = memory.measure(call, (x,))
+    assert 8000 <= got.device <= 8100 and got.offload == 0
+
+
+def test_an_exact_decode_whose_output_outweighs_its_tiles_predicts_the_tiles(loaded):
+    """A video decode in small exact tiles: the live peak is a tile's, below the output's bytes (which the
+    plan counts once, apart, on the output device)."""
+    v = loaded["ltx"]
+    r = v.caps.spatial_ratio
+    call = v.call_for("decode", (1, v.caps.latent_channels, 5, 12, 12), tile=2 * r, mode="exact")
+    p = budget.predict(v, call, CPU, CPU)
+    assert p.live < p.output / 2, (p.live, p.output)
+
+
+def test_the_planner_tries_tiles_down_to_the_widget_minimum_or_4_latent_pixels(loaded):
+    """The smallest tile the planner tries: 4 latent pixels, or 64 px (the nodes' widget minimum) where
+    that is fewer (LTX-Video's 32x latent: 2 latent pixels, where a quarter of one pass's working set fits
+    at 512x768x49)."""
+    for name, least in (("ltx", 64), ("wan", 32)):
+        v = loaded[name]
+        call = v.call_for("decode", (1, v.caps.latent_channels, 3, 16, 24), mode="exact")
+        assert budget._candidates(v, call, None)[-1] == least, name
+
+
 def test_a_convolutions_copies_count_on_the_cpu_only():
     """On the CPU every convolution reorders its weight (a transient copy as large as the weight): a
     wide convolution on a small input needs its weight's bytes again, which no factor over the

@@ -3,6 +3,7 @@ mean/logvar/std/var/mode/kl/parameters, sample() from the same generator, the co
 same calls within a budget below one pass equal to one pass, and the refusals of what it cannot honour."""
 from __future__ import annotations
 
+
 import sys
 
 import pytest
@@ -137,6 +138,43 @@ def test_encode_maps_pixels_tile_by_tile_never_copying_the_whole_input(name, tmp
         got = small.encode(x).latent_dist.mean
     assert seen.ops == []
     close(got, one.encode(x).latent_dist.mean, 1e-5)
+
+
+class _OfShape(TorchDispatchMode):
+    """The ops that create a tensor of ``shape`` (any dtype) in storage of their own (not the planner's meta
+    tensors)."""
+    def __init__(self, shape):
+        super().__init__()
+        self.shape, self.ops = tuple(shape), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        mine = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if torch.is_tensor(t)}
+        for t in tree_flatten(out)[0]:
+            if (torch.is_tensor(t) and tuple(t.shape) == self.shape and not t.is_meta
+                    and t.untyped_storage().data_ptr() not in mine):
+                self.ops.append(func.__name__.split(".")[0])
+        return out
+
+
+@pytest.mark.parametrize("name", ["wan21", "qwen"])
+def test_decode_makes_its_output_and_nothing_of_its_size_besides(name, tmp_path):
+    """Within a budget of small tiles, a decode allocates one output and the ordinary tensor it hands back
+    (the engine's is an inference tensor); none of the size of the output besides (which no plan counts):
+    not -1..1 by ``y * 2 - 1`` (two more clips), not the NaN check's mask and ``abs`` (LTX-Video at
+    512x768x49: 385 MiB over the plan, measured)."""
+    make, how, px, _ = CASES[name]
+    path = save(make(), how, tmp_path)
+    one = vae.diffusers.load(path)
+    h = one.handle
+    shape = tuple(px[:-2]) + (px[-2] * 4, px[-1] * 4)
+    z = torch.randn(*shape[:1], h.caps.latent_channels, *shape[2:-2], *(n // h.caps.spatial_ratio for n in shape[-2:]))
+    want = one.decode(z).sample
+    small = vae.diffusers.load(path, budget=budget_between(one, "decode", tuple(z.shape), 32))
+    with _OfShape(want.shape) as seen:
+        got = small.decode(z).sample
+    assert sorted(seen.ops) == ["clone", "empty"], seen.ops
+    close(got, want, 1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -169,7 +169,9 @@ class Face(torch.nn.Module):
         shift, scale = self._normalisation(ours.dim())
         ours = ours if shift is None else ours / scale + shift
         y = handle.decode(ours, **self._call("decode", ours.shape), clamp=family.clamps, **options)
-        result = Output(sample=self._out(family.out_of(handle, "pixels", y * 2 - 1, given)))
+        with torch.inference_mode(y.is_inference()):      # the call's own output: to -1..1 in place, not a
+            y = y.mul_(2).sub_(1)                         # second and third clip (LTX-Video's 512x768x49: 220 MiB each)
+        result = Output(sample=self._out(family.out_of(handle, "pixels", y, given)))
         return result if return_dict else result.to_tuple()
 
     def forward(self, sample: torch.Tensor, *args, **kwargs):

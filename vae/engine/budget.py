@@ -23,7 +23,8 @@ from . import distributed, exact, memory
 from ..errors import InputError
 
 GIB = 1 << 30
-MIN_TILE = 4          # latent pixels: the smallest tile the planner tries
+MIN_TILE = 4          # latent pixels: the smallest tile the planner tries, unless ...
+MIN_TILE_PX = 64      # ... this many pixels (the nodes' widget minimum) is fewer: 2 of LTX-Video's latent pixels
 
 
 def gib(n: float) -> str:
@@ -161,10 +162,11 @@ def _candidates(handle, call, max_tile) -> list:
     r = handle.caps.spatial_ratio
     longest = max(call.grid[-2:])
     cap = max_tile if max_tile else longest * r
+    least = min(MIN_TILE, -(-MIN_TILE_PX // r))
     sizes, seen = [], set()
     for k in range(1, longest + 1):
         t = -(-longest // k)
-        if t < MIN_TILE and sizes:
+        if t < least and sizes:
             break
         px = min(cap, t * r)
         if px not in seen:

@@ -403,12 +403,12 @@ def _answer(expect: Event, seg: Segment, msgs, cos, latent, device: torch.device
     transfers.wait()
     whole = expect.kind == "whole"
     first, scales, size, fmt = _layout(msgs, latent)
-    full = torch.empty(*first.shape[:-2], *size, dtype=first.dtype, device=device if whole else out_device,
-                       memory_format=fmt)
+    # assembled where the output lives, not on the compute device, unless a whole module runs on it
+    with contextlib.nullcontext() if whole else vram.placed_away():
+        full = torch.empty(*first.shape[:-2], *size, dtype=first.dtype, device=device if whole else out_device,
+                           memory_format=fmt)
     if comm.size > 1:
         full.zero_()                  # other ranks' cores arrive by the sum
-    if not whole:
-        vram.offloaded(full)          # assembled where the output lives, not on the compute device
     for co, (_, (_, _, (core, _))) in zip(cos, msgs):
         full[(..., *(slice(int(a * s), int(b * s)) for (a, b), s in zip(co.tile.core, scales)))] = core
     del msgs, first, core

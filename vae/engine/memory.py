@@ -52,10 +52,13 @@ class Calibration:
 # rounding and fragmentation, cuDNN workspaces): `python3 bench/gpu_check.py --calibrate` prints the fit
 # from measurements against these predictions; until it has run on a GPU, a conservative default.
 CALIBRATION = {
-    "cpu": Calibration(1.07, 420 << 20, True, "peak RSS over the RSS after load and a malloc_trim, Wan 2.1 "
-                       "published config at 512x768: 160 px exact tiles (live 435 MiB, 885 MiB measured less "
-                       "maps and output) to one pass (live 7362 MiB, 8311 MiB), bench/run.py budget, "
-                       "2026-11-27; the smallest tiles measured (80 px, live 121 MiB) stay within it"),
+    "cpu": Calibration(1.07, 200 << 20, True, "peak RSS over the RSS after load and a malloc_trim, planned "
+                       "(trimmed, host_limit) exact calls, 2026-12-06: Wan 2.1 decode 512x768x9 in 160 px tiles "
+                       "(live 372 MiB, 580 measured less maps and output: the most above 1.07 x live, 182), "
+                       "LTX-Video 0.9 decode 512x768x49 in 160 px tiles (249 -> 392) and encode in 128 / 192 px "
+                       "(326 -> 392, 410 -> 498); the factor from Wan 2.1's one pass at 512x768 (live 7362 MiB, "
+                       "8311 measured), bench/run.py budget; an unplanned call is not trimmed and keeps up "
+                       "to about 330 MiB more of freed blocks (Wan 2.1 in 96 px, LTX-Video in 128 px tiles)"),
     "cuda": Calibration(1.5, 512 << 20, False, "not yet measured on a GPU: a conservative default (above the "
                         "CPU's fit); bench/gpu_check.py --calibrate measures it"),
 }
@@ -209,13 +212,17 @@ class Tracker(TorchDispatchMode):
         self.offload = 0
         self.copies = 0          # peak of live bytes plus what a running convolution copies
         self.placing = 0         # > 0: new storages are born on the offload device (``placed_away``)
+        self.apart = 0           # > 0: new storages are born where the output lives, counted nowhere
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         into = self._away if self.placing else self._live
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == "meta":
-                self._add(t, into)
+                if self.apart:
+                    self._ignored.add(t.untyped_storage()._cdata)
+                else:
+                    self._add(t, into)
         if self._bound > self.peak:          # perhaps a new peak: count what is really alive
             self._sweep()
         copy = _conv_copies(func, args, out)
@@ -291,19 +298,23 @@ def offloaded(t: torch.Tensor, count: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def placed_away() -> Iterator[None]:
+def placed_away(count: bool = True) -> Iterator[None]:
     """Tensors made inside live on the offload device from birth (a map kept between stages): the
     tracker counts them there, never among the compute device's bytes, not even for the op that
-    allocates them."""
+    allocates them. ``count=False``: they live where the output does (the output itself, counted apart
+    by the planner), counted nowhere; reported after their birth instead, the op that made them would
+    already have set a peak of the compute device (LTX-Video's 220 MiB output at 512x768x49: a decode
+    in 128 px tiles predicted 231 MiB live where its tiles hold 22)."""
     tracker = _TRACKER.get()
     if tracker is None:
         yield
         return
-    tracker.placing += 1
+    attr = "placing" if count else "apart"
+    setattr(tracker, attr, getattr(tracker, attr) + 1)
     try:
         yield
     finally:
-        tracker.placing -= 1
+        setattr(tracker, attr, getattr(tracker, attr) - 1)
         tracker._sweep()
 
 

@@ -143,8 +143,8 @@ class Output:
             size = [int(n * s) for n, s in zip(tile.latent, scales)]
             lead = y.shape[:-2] if frames is None else (*y.shape[:2], self.frames)
             alloc = torch.zeros if self.zeros else torch.empty
-            self.tensor = alloc(*lead, *size, device=self.device, dtype=torch.float32)
-            memory.offloaded(self.tensor, count=False)     # the intermediate device's, not the working set
+            with memory.placed_away(count=False):     # the intermediate device's, not the working set
+                self.tensor = alloc(*lead, *size, device=self.device, dtype=torch.float32)
         dst = tuple(slice(int(a * s), int(b * s)) for (a, b), s in zip(tile.core, scales))
         if frames is not None:
             if y.shape[2] != frames[1] - frames[0]:
